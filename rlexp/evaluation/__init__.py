@@ -1,0 +1,1 @@
+"""Evaluation on the pinned mazes: the model, or scripted baselines."""

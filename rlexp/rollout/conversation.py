@@ -1,0 +1,151 @@
+"""Multi-turn conversations as token ids: one home for how an episode becomes what the model sees.
+
+The rollout driver builds each generation context with :func:`context_tokens`, and the trainer
+builds each training sequence with the same function, so the policy is trained on exactly the
+tokens it was sampled from. The chat template's pieces are read once from the processor's own
+template, so any Qwen-style checkpoint gets its own formatting.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from PIL import Image
+
+from rlexp.rollout.engine import VisionInputs
+
+_TEXT = "\x00TEXT\x00"
+_REPLY = "\x00REPLY\x00"
+
+
+@dataclass
+class Segment:
+    token_ids: list[int]
+    vision: VisionInputs | None = None
+
+
+@dataclass
+class Turn:
+    """One observation (image + text) and the model's reply to it."""
+
+    image: np.ndarray
+    text: str
+    response_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    response_text: str = ""
+    valid: bool = False
+    #: tokenized observation, by (first in context, previous reply ended with EOS).
+    encoded: dict = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class Trajectory:
+    maze_index: int
+    sample_index: int
+    task_prompt: str
+    turns: list[Turn] = field(default_factory=list)
+    reward: float = 0.0
+    success: bool = False
+    num_invalid: int = 0
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+
+class TurnFormatter:
+    """Tokenizes observations with the processor, in the chat template's format."""
+
+    def __init__(self, processor):
+        self.processor = processor
+        tokenizer = processor.tokenizer
+        first = self._template([_user(_TEXT)])
+        self.first_prefix, self.first_suffix = first.split(_TEXT)
+        later = self._template([_user("a"), {"role": "assistant", "content": [{"type": "text", "text": _REPLY}]}, _user(_TEXT)])
+        self.next_prefix, self.next_suffix = later.split(_REPLY)[1].split(_TEXT)
+        self.eos_text = "<|im_end|>"
+        self.eos_id = tokenizer.convert_tokens_to_ids(self.eos_text)
+
+    def _template(self, messages) -> str:
+        return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def encode(self, turn: Turn, text: str, first: bool, after_eos: bool) -> Segment:
+        key = (first, after_eos)
+        if key not in turn.encoded:
+            if first:
+                prefix, suffix = self.first_prefix, self.first_suffix
+            else:
+                prefix, suffix = self.next_prefix, self.next_suffix
+                if after_eos and prefix.startswith(self.eos_text):
+                    prefix = prefix[len(self.eos_text):]
+            batch = self.processor(text=[prefix + text + suffix], images=[Image.fromarray(turn.image)], return_tensors="pt")
+            turn.encoded[key] = Segment(
+                batch["input_ids"][0].tolist(), VisionInputs(batch["pixel_values"], batch["image_grid_thw"])
+            )
+        return turn.encoded[key]
+
+
+def _user(text: str) -> dict:
+    return {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}
+
+
+def observation_text(trajectory: Trajectory, turn_index: int, first_in_context: bool) -> str:
+    """The turn's text; the first turn of a context always carries the task prompt."""
+    text = trajectory.turns[turn_index].text
+    return f"{trajectory.task_prompt}\n{text}" if first_in_context else text
+
+
+@dataclass
+class Sequence:
+    """A token sequence with its images and a loss mask over the replies trained on."""
+
+    token_ids: list[int]
+    loss_mask: list[int]
+    engine_logprobs: list[float]
+    vision: VisionInputs | None
+
+
+def context_tokens(
+    formatter: TurnFormatter,
+    trajectory: Trajectory,
+    turn_index: int,
+    history_window: int | None,
+    include_reply: bool = False,
+    train_all_replies: bool = False,
+) -> Sequence:
+    """The context the model saw at ``turn_index`` (plus that turn's reply when ``include_reply``).
+
+    With a history window of k, the context starts k turns back and its first observation carries
+    the task prompt. Loss mask: 1 on the last reply, and on earlier replies too when
+    ``train_all_replies`` (valid only with the full history, where every earlier context is a prefix).
+    """
+    start = 0 if history_window is None else max(0, turn_index - history_window + 1)
+    token_ids: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    visions: list[VisionInputs] = []
+    for j in range(start, turn_index + 1):
+        turn = trajectory.turns[j]
+        first = j == start
+        after_eos = not first and bool(trajectory.turns[j - 1].response_ids) and trajectory.turns[j - 1].response_ids[-1] == formatter.eos_id
+        segment = formatter.encode(turn, observation_text(trajectory, j, first), first, after_eos)
+        token_ids += segment.token_ids
+        mask += [0] * len(segment.token_ids)
+        logprobs += [0.0] * len(segment.token_ids)
+        if segment.vision is not None:
+            visions.append(segment.vision)
+        if j < turn_index or include_reply:
+            trained = j == turn_index or train_all_replies
+            token_ids += turn.response_ids
+            mask += [int(trained)] * len(turn.response_ids)
+            logprobs += turn.logprobs if trained else [0.0] * len(turn.response_ids)
+    return Sequence(token_ids, mask, logprobs, VisionInputs.concat(visions))
+
+
+def training_sequences(formatter: TurnFormatter, trajectory: Trajectory, history_window: int | None) -> list[Sequence]:
+    """Full history: one sequence per trajectory. A window: one sequence per turn, with its own context."""
+    last = trajectory.num_turns - 1
+    if last < 0:
+        return []
+    if history_window is None:
+        return [context_tokens(formatter, trajectory, last, None, include_reply=True, train_all_replies=True)]
+    return [context_tokens(formatter, trajectory, t, history_window, include_reply=True) for t in range(last + 1)]

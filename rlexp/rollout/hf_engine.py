@@ -1,0 +1,127 @@
+"""``rollout=hf``: transformers ``generate`` in the trainer's process, sharing the policy's weights."""
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from rlexp.rollout.engine import GenerationOutput, GenerationRequest, SamplingParams, VisionInputs
+
+
+class _LogprobRecorder(LogitsProcessor):
+    """Records each sampled token's log-probability without keeping every step's full distribution.
+
+    At step s it sees the token chosen at step s-1 (the last column of ``input_ids``) and gathers its
+    log-probability from the distribution kept from step s-1; only one step's distribution is held.
+    Custom processors run before temperature/top-p, so the temperature is applied here.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.previous: torch.Tensor | None = None
+        self.logprobs: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.gather(input_ids[:, -1])
+        self.previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def gather(self, tokens: torch.Tensor) -> None:
+        if self.previous is not None:
+            self.logprobs.append(self.previous.gather(1, tokens[:, None]).squeeze(1))
+            self.previous = None
+
+
+class HFEngine:
+    """Batched generation over left-padded prompts; the model object is the trainer's own."""
+
+    def __init__(self, model, processor, static_cache: bool = False):
+        self.model = model
+        self.tokenizer = processor.tokenizer
+        self.static_cache = static_cache
+        self.pad_id = self.tokenizer.pad_token_id
+        self.eos_ids = _eos_ids(model, self.tokenizer)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.no_grad()
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
+        if not requests:
+            return []
+        length = max(len(r.prompt_token_ids) for r in requests)
+        input_ids = torch.full((len(requests), length), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        for row, request in enumerate(requests):
+            ids = request.prompt_token_ids
+            input_ids[row, length - len(ids):] = torch.tensor(ids)
+            attention_mask[row, length - len(ids):] = 1
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        vision = VisionInputs.concat([r.vision for r in requests if r.vision is not None])
+        if vision is not None:
+            inputs.update(pixel_values=vision.pixel_values, image_grid_thw=vision.image_grid_thw)
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+        recorder = _LogprobRecorder(params.temperature)
+        greedy = params.temperature <= 0
+        sampling = {} if greedy else {"temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            sequences = self.model.generate(
+                **inputs,
+                do_sample=not greedy,
+                **sampling,
+                max_new_tokens=params.max_new_tokens,
+                eos_token_id=self.eos_ids,
+                pad_token_id=self.pad_id,
+                stop_strings=params.stop or None,
+                tokenizer=self.tokenizer if params.stop else None,
+                logits_processor=LogitsProcessorList([recorder]),
+                cache_implementation="static" if self.static_cache else None,
+            )
+        finally:
+            self.model.train(was_training)
+        new_tokens = sequences[:, length:].cpu()
+        recorder.gather(sequences[:, -1])
+        logprobs = torch.stack(recorder.logprobs, dim=1).cpu() if recorder.logprobs else None
+        return [self._output(new_tokens[row], logprobs[row], params) for row in range(len(requests))]
+
+    def _output(self, tokens: torch.Tensor, logprobs: torch.Tensor, params: SamplingParams) -> GenerationOutput:
+        """Cut one row at its first EOS (kept) or stop string, dropping the padding after it."""
+        ids = tokens.tolist()
+        end, finish = len(ids), "length"
+        for i, token in enumerate(ids):
+            if token in self.eos_ids:
+                end, finish = i + 1, "stop"
+                break
+        if params.stop and any(s in self.tokenizer.decode(ids[:end]) for s in params.stop):
+            for i in range(end):
+                if any(s in self.tokenizer.decode(ids[: i + 1]) for s in params.stop):
+                    end, finish = i + 1, "stop"
+                    break
+        ids = ids[:end]
+        return GenerationOutput(
+            token_ids=ids,
+            logprobs=logprobs[:end].tolist(),
+            text=self.tokenizer.decode(ids, skip_special_tokens=True),
+            finish_reason=finish,
+        )
+
+    def load_weights(self, adapter_path: str | None = None, adapter_id: int | None = None) -> None:
+        """Nothing to copy: the engine generates with the trainer's live parameters."""
+
+    def sleep(self) -> None:
+        pass
+
+    def wake_up(self) -> None:
+        pass
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    configured = model.generation_config.eos_token_id if model.generation_config else None
+    ids = configured if isinstance(configured, list) else [configured]
+    ids = [i for i in ids if i is not None]
+    for token in ("<|im_end|>", tokenizer.eos_token):
+        token_id = tokenizer.convert_tokens_to_ids(token) if token else None
+        if token_id is not None and token_id != tokenizer.unk_token_id and token_id not in ids:
+            ids.append(token_id)
+    return ids

@@ -1,0 +1,37 @@
+"""From training sequences to padded tensors, and from a forward pass to per-token log-probs."""
+
+import torch
+
+from rlexp.algorithms.grpo import selective_log_softmax
+from rlexp.rollout.conversation import Sequence
+from rlexp.rollout.engine import VisionInputs
+
+
+def collate(sequences: list[Sequence], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids``/``attention_mask`` plus the next-token ``loss_mask`` ([B, T-1])."""
+    length = max(len(s.token_ids) for s in sequences)
+    input_ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    loss_mask = torch.zeros_like(input_ids)
+    for row, s in enumerate(sequences):
+        n = len(s.token_ids)
+        input_ids[row, :n] = torch.tensor(s.token_ids)
+        attention_mask[row, :n] = 1
+        loss_mask[row, :n] = torch.tensor(s.loss_mask)
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask[:, 1:]}
+    vision = VisionInputs.concat([s.vision for s in sequences if s.vision is not None])
+    if vision is not None:
+        batch.update(pixel_values=vision.pixel_values, image_grid_thw=vision.image_grid_thw)
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def token_logprobs(model, batch: dict[str, torch.Tensor], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of each next token under softmax(logits / T), and the entropy there; [B, T-1] each.
+
+    Scored at the rollout temperature so that they match the engine's sampling distribution; the
+    vocabulary-wide log-softmax is taken chunk by chunk, never for the whole batch at once.
+    """
+    inputs = {k: v for k, v in batch.items() if k != "loss_mask"}
+    logits = model(**inputs, use_cache=False).logits[:, :-1]
+    labels = batch["input_ids"][:, 1:]
+    return selective_log_softmax(logits, labels, chunk_size=1024, temperature=temperature if temperature > 0 else 1.0)
