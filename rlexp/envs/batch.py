@@ -212,6 +212,7 @@ class Transition:
     success: bool
     valid: bool
     feedback: str
+    action: int  #: parsed action, -1 if invalid
 
 
 class MazeEnv:
@@ -255,4 +256,5 @@ class MazeEnv:
             success=bool(r.success[0]),
             valid=bool(r.valid[0]),
             feedback=r.feedback[0],
+            action=int(r.action[0]),
         )

@@ -1,0 +1,39 @@
+import os
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from rlexp.cli import CONF_DIR
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_cache(tmp_path_factory):
+    """Keep the tiny model's cache inside the test session unless the caller set one."""
+    os.environ.setdefault("RLEXP_CACHE", str(tmp_path_factory.mktemp("rlexp-cache")))
+
+
+def compose_config(*overrides: str):
+    """The composed config for these overrides, as ``rlexp`` would build it (without running a task)."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+@pytest.fixture(scope="session")
+def tiny_processor():
+    from rlexp.models import load_processor, resolve_model_path
+
+    return load_processor(resolve_model_path("tiny"))
+
+
+@pytest.fixture(scope="session")
+def tiny_policy():
+    """The tiny Qwen3-VL with a fresh LoRA adapter, and its processor (shared: tests must not train it)."""
+    from rlexp.models import apply_lora, load_model_and_processor, resolve_model_path
+
+    model, processor = load_model_and_processor(resolve_model_path("tiny"))
+    return apply_lora(model, 8, 16, 0.0, "all-linear-language"), processor

@@ -1,0 +1,137 @@
+"""Every option of every config group composes, typed; bad keys and values fail with clear errors."""
+
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import REPO, compose_config
+from rlexp.cli import CONF_DIR, UnknownKeyError, check_override_keys
+from rlexp.config import AlgorithmConfig, ConfigError, EnvConfig, ModelConfig, validate
+
+GROUPS = ("model", "cluster", "env", "algorithm", "rollout", "logger", "eval", "experiment")
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+ALL_OPTIONS = [(group, option) for group in GROUPS for option in _options(group)]
+
+
+def test_every_group_has_options():
+    assert {g for g, _ in ALL_OPTIONS} == set(GROUPS)
+    for required in ("env/maze_easy", "env/maze_hard", "cluster/local_cpu", "algorithm/grpo", "model/tiny"):
+        assert tuple(required.split("/")) in ALL_OPTIONS
+
+
+@pytest.mark.parametrize("group,option", ALL_OPTIONS, ids=[f"{g}={o}" for g, o in ALL_OPTIONS])
+def test_option_composes_and_validates(group, option):
+    cfg = compose_config(f"{group}={option}")
+    assert OmegaConf.get_type(cfg.model) is ModelConfig
+    assert OmegaConf.get_type(cfg.env) is EnvConfig
+    assert OmegaConf.get_type(cfg.algorithm) is AlgorithmConfig
+    OmegaConf.to_container(cfg.model, resolve=True, throw_on_missing=True)
+    validate(cfg)
+
+
+@pytest.mark.parametrize("experiment", _options("experiment"))
+@pytest.mark.parametrize("group,option", [(g, o) for g, o in ALL_OPTIONS if g not in ("experiment",)])
+def test_experiment_with_any_option_composes(experiment, group, option):
+    cfg = compose_config(f"experiment={experiment}", f"{group}={option}")
+    assert OmegaConf.get_type(cfg.rollout).__name__ == "RolloutConfig"
+
+
+def test_seed_recipe_values():
+    cfg = compose_config("experiment=visgym_maze_grpo")
+    assert cfg.model.path == "Qwen/Qwen3-VL-8B-Instruct" and cfg.model.lora.rank == 32
+    assert (cfg.algorithm.n_samples_per_prompt, cfg.algorithm.train_batch_size) == (8, 32)
+    assert (cfg.rollout.max_turns, cfg.rollout.temperature) == (15, 0.7)
+    assert (cfg.eval_interval, cfg.ckpt_interval, cfg.total_steps) == (10, 20, 160)
+    assert cfg.cluster.nodes * cfg.cluster.gpus_per_node == 6
+
+
+def test_hard_env_values():
+    cfg = compose_config("env=maze_hard")
+    assert (cfg.env.size, cfg.env.max_steps, cfg.env.pinned_set) == (11, 30, "maze_hard")
+
+
+def _messages(error: BaseException) -> str:
+    """Hydra wraps OmegaConf's error; its message is on the cause."""
+    return " | ".join(str(e) for e in (error, error.__cause__) if e is not None)
+
+
+def test_wrong_type_fails_at_composition_naming_the_key():
+    with pytest.raises(Exception) as error:
+        compose_config("algorithm.lr=fast")
+    assert "algorithm.lr" in _messages(error.value) and "fast" in _messages(error.value)
+
+
+def test_wrong_enum_value_lists_choices():
+    with pytest.raises(Exception) as error:
+        compose_config("env.action_format=json")
+    assert "visgym_tuple, action_tag" in _messages(error.value)
+
+
+def test_unknown_key_names_valid_keys():
+    with pytest.raises(UnknownKeyError, match=r"'algorithm.lrr'.*did you mean 'lr'.*n_samples_per_prompt"):
+        check_override_keys(["algorithm.lrr=1"])
+    with pytest.raises(UnknownKeyError, match="model.foo"):
+        check_override_keys(["+model.foo=1"])
+    check_override_keys(["algorithm.lr=1", "model=tiny", "hydra.run.dir=x", "+logger.x=1", "-m"])
+
+
+@pytest.mark.parametrize(
+    "overrides,keys",
+    [
+        (["algorithm.train_batch_size=4", "algorithm.policy_mini_batch_size=3"], ["policy_mini_batch_size", "train_batch_size"]),
+        (["algorithm.n_samples_per_prompt=1"], ["n_samples_per_prompt", "norm_by_std"]),
+        (["rollout.max_turns=25"], ["rollout.max_turns", "env.max_steps"]),
+        (["env.size=8"], ["env.size"]),
+        (["eval.num_mazes=65"], ["eval.num_mazes"]),
+    ],
+)
+def test_incompatible_settings_name_both_keys(overrides, keys):
+    cfg = compose_config(*overrides)
+    with pytest.raises(ConfigError) as error:
+        validate(cfg)
+    for key in keys:
+        assert key in str(error.value)
+
+
+def _rlexp(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlexp", *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_prints_composed_config():
+    result = _rlexp("--cfg", "job", "env=maze_hard", "algorithm.lr=0.5")
+    assert result.returncode == 0, result.stderr
+    printed = OmegaConf.create(result.stdout)
+    assert printed.env.size == 11 and printed.algorithm.lr == 0.5
+
+
+def test_cli_help_lists_groups():
+    result = _rlexp("--help")
+    assert result.returncode == 0
+    assert "env: maze_easy, maze_hard" in result.stdout
+
+
+def test_cli_unknown_key_is_one_clear_line():
+    result = _rlexp("algorithm.learning_rate=1")
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        next(line for line in result.stderr.splitlines() if line.startswith("rlexp: unknown config key"))
+    ]
+
+
+def test_cli_unknown_option_lists_choices():
+    result = _rlexp("env=maze_huge")
+    assert result.returncode != 0 and "maze_easy" in result.stderr and "maze_hard" in result.stderr
+
+
+def test_cli_incompatible_settings_fail_before_loading():
+    result = _rlexp("algorithm.policy_mini_batch_size=3", "hydra.run.dir=/tmp/rlexp-test-unused")
+    assert result.returncode != 0
+    assert "policy_mini_batch_size=3" in result.stderr and "train_batch_size=2" in result.stderr
+    assert "Traceback" not in result.stderr
