@@ -44,6 +44,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+import torch.utils.checkpoint
 from torch import Tensor
 
 __all__ = [

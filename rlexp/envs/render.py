@@ -6,6 +6,7 @@ belongs to the circle when its centre lies within the radius of the cell centre.
 
 The image is a mosaic of ``cell_px`` x ``cell_px`` tiles, one of five kinds per cell
 (path, wall, goal, agent on path, agent on goal); tiles are precomputed once per ``cell_px``.
+A full frame is drawn by broadcasting one pixel row per row of cells, then pasting the agent.
 ``render`` draws a whole image; ``BatchRenderer`` keeps a (B, H, W, 3) buffer and on a move redraws
 only the two cells that changed, with output byte-identical to ``render``.
 
@@ -57,26 +58,31 @@ def cell_tiles(cell_px: int) -> np.ndarray:
     return tiles
 
 
-def tiles_to_image(tile_ids: np.ndarray, tiles: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """Assemble (..., H, W) tile ids into (..., H*px, W*px, 3) images, into ``out`` if given."""
-    *lead, h, w = tile_ids.shape
-    px = tiles.shape[1]
-    mosaic = tiles[tile_ids]  # (..., H, W, px, px, 3)
-    n = len(lead)
-    mosaic = mosaic.transpose(*range(n), n, n + 2, n + 1, n + 3, n + 4)
-    shape = (*lead, h * px, w * px, 3)
-    if out is None:
-        return mosaic.reshape(shape)
-    out.reshape(*lead, h, px, w, px, 3)[...] = mosaic
+def _draw(walls: np.ndarray, goals: np.ndarray, agents: np.ndarray, cell_px: int, out: np.ndarray) -> np.ndarray:
+    """Draw B frames into ``out`` (B, H*px, W*px, 3).
+
+    Without the agent, all ``cell_px`` pixel rows of a row of cells are identical: build that one
+    pixel row per row of cells and broadcast it, then paste the agent tile.
+    """
+    b, h, w = walls.shape
+    rows = np.arange(b)
+    ids = walls.astype(np.intp)  # TILE_PATH = 0, TILE_WALL = 1
+    ids[rows, goals[:, 0], goals[:, 1]] = TILE_GOAL
+    tiles = cell_tiles(cell_px)
+    tile_rows = tiles[:3, 0].reshape(3, cell_px * 3)  # first pixel row of the uniform tiles
+    out.reshape(b, h, cell_px, w * cell_px * 3)[...] = tile_rows[ids].reshape(b, h, 1, w * cell_px * 3)
+    cells = out.reshape(b, h, cell_px, w, cell_px, 3)  # a view: cells[b, r, :, c, :] is one tile
+    on_goal = (agents == goals).all(axis=1)
+    cells[rows, agents[:, 0], :, agents[:, 1], :] = tiles[np.where(on_goal, TILE_AGENT_ON_GOAL, TILE_AGENT)]
     return out
 
 
 def render(maze: Maze, agent: tuple[int, int], cell_px: int = 25) -> np.ndarray:
     """(H*cell_px, W*cell_px, 3) uint8 image of ``maze`` with the agent at ``agent`` (row, col)."""
-    ids = np.where(maze.grid, TILE_WALL, TILE_PATH).astype(np.uint8)
-    ids[maze.goal] = TILE_GOAL
-    ids[tuple(agent)] = TILE_AGENT_ON_GOAL if tuple(agent) == maze.goal else TILE_AGENT
-    return tiles_to_image(ids, cell_tiles(cell_px))
+    h, w = maze.grid.shape
+    out = np.empty((1, h * cell_px, w * cell_px, 3), dtype=np.uint8)
+    _draw(maze.grid[None], np.array([maze.goal]), np.array([agent]), cell_px, out)
+    return out[0]
 
 
 class BatchRenderer:
@@ -99,15 +105,10 @@ class BatchRenderer:
         """Draw all images from scratch. walls (B,H,W) bool, goals and agents (B,2) int."""
         b, h, w = walls.shape
         px = self.cell_px
-        ids = np.where(walls, TILE_WALL, TILE_PATH).astype(np.uint8)
-        rows = np.arange(b)
-        ids[rows, goals[:, 0], goals[:, 1]] = TILE_GOAL
-        on_goal = (agents == goals).all(axis=1)
-        ids[rows, agents[:, 0], agents[:, 1]] = np.where(on_goal, TILE_AGENT_ON_GOAL, TILE_AGENT)
         if self._buffer is None or self._buffer.shape != (b, h * px, w * px, 3):
             self._buffer = np.empty((b, h * px, w * px, 3), dtype=np.uint8)
         self._goals = goals.copy()
-        return tiles_to_image(ids, self._tiles, out=self._buffer)
+        return _draw(walls, goals, agents, px, self._buffer)
 
     def move(self, episodes: np.ndarray, old: np.ndarray, new: np.ndarray) -> None:
         """Redraw the agent of ``episodes`` (n,) moved from ``old`` to ``new`` (n,2) cells."""

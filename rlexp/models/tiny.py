@@ -121,6 +121,15 @@ CHAT_TEMPLATE = (
 )
 
 
+#: Every complete action is one token, so that even the untrained toy policy emits a valid action now
+#: and then: with a format-reward share, GRPO then has a learning signal on a CPU from step one.
+ACTION_TOKENS = (
+    *(f"('move', {d})" for d in range(4)),
+    "('stop', 'stop')",
+    *(f"<action>{name}</action>" for name in ("right", "up", "left", "down", "stop")),
+)
+
+
 def _corpus() -> list[str]:
     """Deterministic training text for the BPE: the words maze prompts, feedback and actions use."""
     base = [
@@ -183,6 +192,7 @@ def build_tiny_tokenizer():
     )
     tok.train_from_iterator(_corpus(), trainer=trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ACTION_TOKENS])
 
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -204,6 +214,7 @@ def _spec() -> dict:
         "vision": TINY_VISION_CONFIG,
         "pixels": [_MIN_PIXELS, _MAX_PIXELS, _IMAGE_MEAN, _IMAGE_STD],
         "specials": list(SPECIAL_TOKENS),
+        "action_tokens": list(ACTION_TOKENS),
         "bpe_vocab": _BPE_VOCAB_SIZE,
         "split": _QWEN_SPLIT_PATTERN,
         "template": CHAT_TEMPLATE,

@@ -27,6 +27,17 @@ class VisionInputs:
         )
 
 
+def mm_token_type_ids(input_ids: torch.Tensor, model_config) -> torch.Tensor:
+    """0 for text, 1 for image and 2 for video placeholders: Qwen-VL models need it for M-RoPE.
+
+    Without it, transformers silently gives image tokens plain 1-D text positions.
+    """
+    types = torch.zeros_like(input_ids, dtype=torch.int32)
+    types[input_ids == model_config.image_token_id] = 1
+    types[input_ids == model_config.video_token_id] = 2
+    return types
+
+
 @dataclass
 class GenerationRequest:
     prompt_token_ids: list[int]

@@ -3,7 +3,7 @@
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from rlexp.rollout.engine import GenerationOutput, GenerationRequest, SamplingParams, VisionInputs
+from rlexp.rollout.engine import GenerationOutput, GenerationRequest, SamplingParams, VisionInputs, mm_token_type_ids
 
 
 class _LogprobRecorder(LogitsProcessor):
@@ -39,6 +39,12 @@ class HFEngine:
         self.static_cache = static_cache
         self.pad_id = self.tokenizer.pad_token_id
         self.eos_ids = _eos_ids(model, self.tokenizer)
+        # a reply holding an image placeholder would desynchronise tokens and image features
+        self.suppressed_ids = [
+            self.tokenizer.convert_tokens_to_ids(token)
+            for token in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+            if token in self.tokenizer.get_vocab()
+        ]
 
     @property
     def device(self) -> torch.device:
@@ -55,7 +61,11 @@ class HFEngine:
             ids = request.prompt_token_ids
             input_ids[row, length - len(ids):] = torch.tensor(ids)
             attention_mask[row, length - len(ids):] = 1
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        inputs = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "mm_token_type_ids": mm_token_type_ids(input_ids, self.model.config),
+        }
         vision = VisionInputs.concat([r.vision for r in requests if r.vision is not None])
         if vision is not None:
             inputs.update(pixel_values=vision.pixel_values, image_grid_thw=vision.image_grid_thw)
@@ -73,6 +83,7 @@ class HFEngine:
                 max_new_tokens=params.max_new_tokens,
                 eos_token_id=self.eos_ids,
                 pad_token_id=self.pad_id,
+                suppress_tokens=self.suppressed_ids or None,
                 stop_strings=params.stop or None,
                 tokenizer=self.tokenizer if params.stop else None,
                 logits_processor=LogitsProcessorList([recorder]),

@@ -4,11 +4,11 @@ import torch
 
 from rlexp.algorithms.grpo import selective_log_softmax
 from rlexp.rollout.conversation import Sequence
-from rlexp.rollout.engine import VisionInputs
+from rlexp.rollout.engine import VisionInputs, mm_token_type_ids
 
 
-def collate(sequences: list[Sequence], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """Right-padded ``input_ids``/``attention_mask`` plus the next-token ``loss_mask`` ([B, T-1])."""
+def collate(sequences: list[Sequence], pad_id: int, model_config, device: torch.device) -> dict[str, torch.Tensor]:
+    """Right-padded model inputs plus the next-token ``loss_mask`` ([B, T-1])."""
     length = max(len(s.token_ids) for s in sequences)
     input_ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
@@ -18,7 +18,12 @@ def collate(sequences: list[Sequence], pad_id: int, device: torch.device) -> dic
         input_ids[row, :n] = torch.tensor(s.token_ids)
         attention_mask[row, :n] = 1
         loss_mask[row, :n] = torch.tensor(s.loss_mask)
-    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask[:, 1:]}
+    batch = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "mm_token_type_ids": mm_token_type_ids(input_ids, model_config),
+        "loss_mask": loss_mask[:, 1:],
+    }
     vision = VisionInputs.concat([s.vision for s in sequences if s.vision is not None])
     if vision is not None:
         batch.update(pixel_values=vision.pixel_values, image_grid_thw=vision.image_grid_thw)

@@ -7,7 +7,6 @@ sequences) with gradient accumulation, clipping, AdamW and a warmup-then-constan
 """
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,7 +210,7 @@ class Trainer:
         temperature = self.rollout_cfg.temperature
         self.model.eval()
         for micro in self._micro_batches(samples):
-            batch = collate([s.sequence for s in micro], self._pad_id, self.device)
+            batch = collate([s.sequence for s in micro], self._pad_id, self.model.config, self.device)
             old, _ = token_logprobs(self.model, batch, temperature)
             ref = None
             if self.algo.kl_coef > 0:
@@ -230,8 +229,9 @@ class Trainer:
         algo = self.algo
         reduction = algo.loss_reduction.value
         micro_batches = self._micro_batches(mini_batch)
-        batches = [collate([s.sequence for s in micro], self._pad_id, self.device) for micro in micro_batches]
+        batches = [collate([s.sequence for s in micro], self._pad_id, self.model.config, self.device) for micro in micro_batches]
         normalizer = sum(loss_normalizer(b["loss_mask"], reduction) for b in batches)
+        token_count = sum(loss_normalizer(b["loss_mask"], "token_mean") for b in batches)
         max_seq_len = self.rollout_cfg.max_turns * self.rollout_cfg.max_new_tokens_per_turn
         sums: dict[str, float] = {}
         tokens, loss_total = 0, 0.0
@@ -242,7 +242,7 @@ class Trainer:
             width = mask.shape[1]
             old = _pad_rows([s.old_logprobs for s in micro], width).to(self.device)
             if algo.name.value == "sft":
-                loss = sft_loss(logprobs, mask, normalizer)
+                loss = sft_loss(logprobs, mask, token_count)
                 metrics = {}
             else:
                 refs = None if micro[0].ref_logprobs is None else _pad_rows([s.ref_logprobs for s in micro], width).to(self.device)
@@ -319,12 +319,12 @@ def _rollout_metrics(trajectories: list[Trajectory], rewards: torch.Tensor) -> d
 
 
 def _step_line(step: int, total: int, m: dict[str, float]) -> str:
-    def get(key: str) -> float:
-        return m.get(key, math.nan)
+    def get(key: str, spec: str) -> str:
+        return format(m[key], spec) if key in m else "n/a"
 
     return (
-        f"step {step}/{total} | reward {get('rollout/reward_mean'):.3f} success {get('rollout/success_rate'):.1%} "
-        f"| loss {get('train/loss'):.4f} kl {get('train/kl'):.4f} entropy {get('train/entropy'):.3f} "
-        f"grad_norm {get('train/grad_norm'):.3f} | {get('timing/generate_tokens_per_s'):.0f} tok/s "
-        f"| generate {get('timing/generate_s'):.1f}s train {get('timing/train_s'):.1f}s sync {get('timing/sync_s'):.2f}s"
+        f"step {step}/{total} | reward {get('rollout/reward_mean', '.3f')} success {get('rollout/success_rate', '.1%')} "
+        f"| loss {get('train/loss', '.4f')} kl {get('train/kl', '.4f')} entropy {get('train/entropy', '.3f')} "
+        f"grad_norm {get('train/grad_norm', '.3f')} | {get('timing/generate_tokens_per_s', '.0f')} tok/s "
+        f"| generate {get('timing/generate_s', '.1f')}s train {get('timing/train_s', '.1f')}s sync {get('timing/sync_s', '.2f')}s"
     )

@@ -93,11 +93,28 @@ def test_cached_build_is_reused_and_atomic(tiny_dir, monkeypatch):
 def test_resolve_and_load_errors(tmp_path, tiny_dir):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         resolve_model_path(str(tmp_path / "missing"))
-    assert resolve_model_path("Qwen/Qwen3-VL-8B-Instruct") == "Qwen/Qwen3-VL-8B-Instruct"
+    assert resolve_model_path("rlexp-test/no-such-model", local_files_only=False) == "rlexp-test/no-such-model"
     with pytest.raises(FileNotFoundError, match="not in the Hugging Face cache"):
         load_model_and_processor("rlexp-test/no-such-model", local_files_only=True)
     with pytest.raises(ValueError, match="dtype"):
         load_model_and_processor(str(tiny_dir), dtype="float8")
+
+
+def test_hub_id_loads_from_local_hf_cache_without_network(tiny_dir, tmp_path, monkeypatch):
+    import shutil
+
+    import huggingface_hub.constants
+
+    commit = "0" * 40
+    repo = tmp_path / "hub" / "models--rlexp-test--tiny-vl"
+    shutil.copytree(tiny_dir, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert resolve_model_path("rlexp-test/tiny-vl", local_files_only=True) == str(repo / "snapshots" / commit)
+    model, processor = load_model_and_processor("rlexp-test/tiny-vl", dtype="bfloat16", local_files_only=True)
+    assert model.dtype == torch.bfloat16
+    assert type(processor).__name__ == "Qwen3VLProcessor"
 
 
 # ------------------------------------------------------------------------------------ load + run
@@ -206,6 +223,8 @@ def test_lora_backward_save_reload_and_reference(tiny_dir, tmp_path):
     torch.testing.assert_close(ref_logits, base_logits, atol=1e-6, rtol=0)
     with torch.no_grad():  # the adapter is back on after the context
         torch.testing.assert_close(policy(**enc).logits, lora_logits, atol=0, rtol=0)
+    gen = policy.generate(**enc, max_new_tokens=3, do_sample=False)
+    assert gen.shape[1] > enc["input_ids"].shape[1]
 
     policy.save_pretrained(tmp_path / "adapter")
     saved = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
@@ -215,6 +234,59 @@ def test_lora_backward_save_reload_and_reference(tiny_dir, tmp_path):
     reloaded.eval()
     with torch.no_grad():
         torch.testing.assert_close(reloaded(**enc).logits, lora_logits, atol=1e-6, rtol=0)
+
+
+def test_qwen2_5_vl_loads_through_the_same_path_and_lora_skips_its_vision_mlp(tmp_path):
+    # Qwen2.5-VL's vision blocks also have gate_proj/up_proj/down_proj: they must stay un-adapted.
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2_5_VLProcessor,
+        Qwen2VLImageProcessor,
+        Qwen2VLVideoProcessor,
+    )
+
+    from rlexp.models.tiny import CHAT_TEMPLATE, build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    ids = tok.convert_tokens_to_ids
+    text = dict(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]},
+    )  # fmt: skip
+    vision = dict(
+        depth=2, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=64, patch_size=14,
+        spatial_merge_size=2, temporal_patch_size=2, fullatt_block_indexes=[1], window_size=112,
+    )  # fmt: skip
+    cfg = Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+        bos_token_id=None,
+        eos_token_id=ids("<|im_end|>"),
+    )
+    torch.manual_seed(0)
+    Qwen2_5_VLForConditionalGeneration(cfg).save_pretrained(tmp_path)
+    Qwen2_5_VLProcessor(
+        image_processor=Qwen2VLImageProcessor(patch_size=14, merge_size=2, temporal_patch_size=2),
+        tokenizer=tok,
+        video_processor=Qwen2VLVideoProcessor(),
+        chat_template=CHAT_TEMPLATE,
+    ).save_pretrained(tmp_path)
+
+    model, processor = load_model_and_processor(str(tmp_path))
+    assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    assert any(n.startswith("model.visual.") and n.endswith("mlp.gate_proj") for n, _ in model.named_modules())
+    peft_model = apply_lora(model, rank=2, alpha=2)
+    adapted = [n for n, _ in peft_model.named_modules() if n.endswith(".lora_A")]
+    assert len(adapted) == 2 * 7 and not any("visual" in n for n in adapted)
+    _, enc = encode(processor)
+    with torch.no_grad():
+        assert torch.isfinite(peft_model(**enc).logits).all()
 
 
 def test_reference_model_requires_peft(loaded):
