@@ -19,15 +19,6 @@ from rlexp.envs.maze import (
     generate_maze,
     shortest_path,
 )
-from rlexp.envs.pinned import (
-    PINNED_SETS,
-    PINNED_SHA256,
-    PinnedSetChanged,
-    TrainingMazeStream,
-    load_pinned,
-    load_pinned_file,
-    pinned_layout_hashes,
-)
 from rlexp.envs.prompts import (
     ACTION_EXECUTED,
     PROMPTS,
@@ -38,7 +29,27 @@ from rlexp.envs.prompts import (
     turn_text,
 )
 from rlexp.envs.render import BatchRenderer, render
-from rlexp.envs.scripted import ExpertPolicy, NoisyExpertPolicy, RandomPolicy, evaluate_scripted
+from rlexp.envs.scripted import ExpertPolicy, NoisyExpertPolicy, RandomPolicy
+
+_PINNED_NAMES = (
+    "PINNED_SETS",
+    "PINNED_SHA256",
+    "PinnedSetChanged",
+    "TrainingMazeStream",
+    "load_pinned",
+    "load_pinned_file",
+    "pinned_layout_hashes",
+)
+
+
+def __getattr__(name: str):
+    # Imported lazily so that `python -m rlexp.envs.pinned` does not find its module pre-imported.
+    if name in _PINNED_NAMES:
+        from rlexp.envs import pinned
+
+        return getattr(pinned, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ACTION_EXECUTED",
@@ -66,7 +77,6 @@ __all__ = [
     "StepResult",
     "TrainingMazeStream",
     "Transition",
-    "evaluate_scripted",
     "expert_actions",
     "format_action",
     "generate_maze",

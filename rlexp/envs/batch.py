@@ -18,8 +18,8 @@ Rules (VisGym ``maze_2d`` plus its interactor's step limit):
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -86,7 +86,10 @@ def image_message(text: str, image: np.ndarray) -> dict[str, Any]:
     buf = io.BytesIO()
     Image.fromarray(image).save(buf, format="PNG")
     url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-    return {"role": "user", "content": [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}]}
+    return {
+        "role": "user",
+        "content": [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}],
+    }
 
 
 class SkyRLMazeEnv:
@@ -96,6 +99,7 @@ class SkyRLMazeEnv:
     ``max_steps`` (20), ``prompt`` ("visgym"), ``action_format`` ("visgym_tuple"), and optionally
     ``cell_px``, ``terminate_on_goal``, ``format_reward``. The first user turn is
     ``task_prompt(...)``, later ones ``turn_text(feedback, ...)``, each with the new image.
+    ``env_config`` is accepted for skyrl-gym's constructor signature and unused.
     """
 
     def __init__(self, env_config: Any = None, extras: dict[str, Any] | None = None):
@@ -121,7 +125,9 @@ class SkyRLMazeEnv:
 
     def step(self, action: str) -> dict[str, Any]:
         t = self._env.step(action)
-        observations = [] if t.done else [image_message(turn_text(t.feedback, self._env.steps, self.max_steps), t.image)]
+        observations = (
+            [] if t.done else [image_message(turn_text(t.feedback, self._env.steps, self.max_steps), t.image)]
+        )
         metadata = {"env_feedback": t.feedback, "success": t.success, "valid": t.valid, "steps": self._env.steps}
         return {"observations": observations, "reward": t.reward, "done": t.done, "metadata": metadata}
 

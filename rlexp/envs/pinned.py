@@ -18,9 +18,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-from functools import lru_cache
+from collections.abc import Iterable
+from functools import cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from rlexp.envs.maze import Maze, expert_actions, generate_maze
 
@@ -85,7 +86,7 @@ def build_pinned(name: str) -> dict[str, Any]:
     }
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load_verified(name: str) -> dict[str, Any]:
     path = pinned_path(name)
     data = json.loads(path.read_text(encoding="utf-8"))

@@ -111,9 +111,7 @@ def instructions(prompt: str, action_format: str, size: int) -> str:
         raise ValueError(f"unknown prompt {prompt!r}; choose one of {PROMPTS}")
     if action_format not in ACTION_FORMATS:
         raise ValueError(f"unknown action_format {action_format!r}; choose one of {ACTION_FORMATS}")
-    text = "\n\n".join(
-        (_SCENE.format(size=size), _ACTIONS[action_format], _SUCCESS, _EXAMPLES[action_format])
-    )
+    text = "\n\n".join((_SCENE.format(size=size), _ACTIONS[action_format], _SUCCESS, _EXAMPLES[action_format]))
     if prompt == "skyrl_instruct":
         text += _SKYRL_FORMAT_INSTRUCTION[action_format]
     return text

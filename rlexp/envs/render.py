@@ -16,7 +16,7 @@ the agent has left keeps a white hole), an image here depends only on (maze, age
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -31,7 +31,7 @@ AGENT_RADIUS_FRACTION = 0.24
 TILE_PATH, TILE_WALL, TILE_GOAL, TILE_AGENT, TILE_AGENT_ON_GOAL = range(5)
 
 
-@lru_cache(maxsize=None)
+@cache
 def agent_mask(cell_px: int) -> np.ndarray:
     """(cell_px, cell_px) bool: pixels whose centre is within the agent radius of the cell centre."""
     centres = np.arange(cell_px) + 0.5 - cell_px / 2
@@ -41,7 +41,7 @@ def agent_mask(cell_px: int) -> np.ndarray:
     return mask
 
 
-@lru_cache(maxsize=None)
+@cache
 def cell_tiles(cell_px: int) -> np.ndarray:
     """(5, cell_px, cell_px, 3) uint8 tiles indexed by the ``TILE_*`` constants (read-only)."""
     if cell_px < 1:
@@ -122,6 +122,4 @@ class BatchRenderer:
         old_on_goal = (old == goals).all(axis=1)
         new_on_goal = (new == goals).all(axis=1)
         cells[episodes, old[:, 0], :, old[:, 1], :] = self._tiles[np.where(old_on_goal, TILE_GOAL, TILE_PATH)]
-        cells[episodes, new[:, 0], :, new[:, 1], :] = self._tiles[
-            np.where(new_on_goal, TILE_AGENT_ON_GOAL, TILE_AGENT)
-        ]
+        cells[episodes, new[:, 0], :, new[:, 1], :] = self._tiles[np.where(new_on_goal, TILE_AGENT_ON_GOAL, TILE_AGENT)]

@@ -7,9 +7,9 @@ SplitMix64, so a policy is deterministic given its seed.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -57,49 +57,3 @@ class NoisyExpertPolicy:
     def act(self, env: BatchedMazeEnv, mazes: Sequence[Maze]) -> list[int]:
         expert = self._expert.act(env, mazes)
         return [a if self._rng.random() < self.p else self._rng.below(NUM_ACTIONS) for a in expert]
-
-
-def evaluate_scripted(
-    policy: ScriptedPolicy,
-    mazes: Sequence[Maze],
-    size: int,
-    max_steps: int,
-    *,
-    terminate_on_goal: bool = False,
-    cell_px: int = 25,
-) -> dict[str, Any]:
-    """Play one episode per maze and summarise.
-
-    Returns ``success_rate`` (stopped on the goal), ``mean_steps`` (actions taken, STOP included),
-    ``invalid_action_rate`` (invalid actions / all actions), ``optimal_path_ratio`` (mean over
-    successful episodes of expert_length / steps, both counting STOP; 1.0 = optimal, NaN if no
-    success), ``num_mazes``, ``max_steps`` (the turn limit the numbers hold for) and ``per_maze``.
-    """
-    env = BatchedMazeEnv(size, max_steps, cell_px=cell_px, terminate_on_goal=terminate_on_goal)
-    env.reset(mazes)
-    while not env.done.all():
-        env.step(np.asarray(policy.act(env, mazes), dtype=np.int64))
-    steps = env.steps.tolist()
-    success = env.success.tolist()
-    invalid = env.num_invalid.tolist()
-    per_maze = [
-        {
-            "seed": maze.seed,
-            "layout_hash": maze.layout_hash(),
-            "success": ok,
-            "steps": n,
-            "num_invalid": bad,
-            "expert_length": len(expert_actions(maze)),
-        }
-        for maze, ok, n, bad in zip(mazes, success, steps, invalid)
-    ]
-    ratios = [m["expert_length"] / m["steps"] for m in per_maze if m["success"]]
-    return {
-        "success_rate": sum(success) / len(mazes),
-        "mean_steps": sum(steps) / len(mazes),
-        "invalid_action_rate": sum(invalid) / sum(steps),
-        "optimal_path_ratio": sum(ratios) / len(ratios) if ratios else math.nan,
-        "num_mazes": len(mazes),
-        "max_steps": max_steps,
-        "per_maze": per_maze,
-    }

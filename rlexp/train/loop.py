@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 

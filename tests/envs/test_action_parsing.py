@@ -121,7 +121,29 @@ def test_parser_never_raises_on_any_text(text, fmt):
 
 
 _fragments = st.sampled_from(
-    ["(", ")", "('move', ", "0", "9", "'stop'", ",", "<answer>", "</answer>", "`", "```", "[", "{", "'", '"', "\\", "\x00", "é", "1e9999", "move", " "]
+    [
+        "(",
+        ")",
+        "('move', ",
+        "0",
+        "9",
+        "'stop'",
+        ",",
+        "<answer>",
+        "</answer>",
+        "`",
+        "```",
+        "[",
+        "{",
+        "'",
+        '"',
+        "\\",
+        "\x00",
+        "é",
+        "1e9999",
+        "move",
+        " ",
+    ]
 )
 
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
+from rlexp.envs.actions import format_action
 from rlexp.envs.gym_env import MazeGymEnv, SkyRLMazeEnv
 from rlexp.envs.maze import STOP, expert_actions, generate_maze
-from rlexp.envs.actions import format_action
 from rlexp.envs.render import render
 
 ENV_ID = "rlexp_tests/Maze-v0"
@@ -62,7 +62,9 @@ def test_truncation_at_the_step_limit():
 
 
 def test_skyrl_adapter_runs_an_expert_episode():
-    env = SkyRLMazeEnv(extras={"seed": 2, "size": 9, "max_steps": 20, "prompt": "skyrl_instruct", "action_format": "action_tag"})
+    env = SkyRLMazeEnv(
+        extras={"seed": 2, "size": 9, "max_steps": 20, "prompt": "skyrl_instruct", "action_format": "action_tag"}
+    )
     messages, _ = env.init([])
     text = messages[0]["content"][0]["text"]
     assert text.startswith("You are navigating a 9x9 maze.") and text.endswith("You are allowed to take 19 more steps.")
@@ -71,7 +73,9 @@ def test_skyrl_adapter_runs_an_expert_episode():
     for action in moves[:-1]:
         out = env.step(format_action(action, "action_tag"))
         assert not out["done"] and out["reward"] == 0.0
-        assert out["observations"][0]["content"][0]["text"].startswith("Environment feedback: Action executed successfully.")
+        assert out["observations"][0]["content"][0]["text"].startswith(
+            "Environment feedback: Action executed successfully."
+        )
     out = env.step(format_action(moves[-1], "action_tag"))
     assert out["done"] and out["reward"] == 1.0 and out["observations"] == [] and out["metadata"]["success"]
 

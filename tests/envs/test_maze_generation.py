@@ -23,7 +23,12 @@ SEEDS = range(40)
 def path_graph(grid):
     """Nodes = path cells, edges = 4-adjacent path-cell pairs."""
     nodes = {(r, c) for r, c in zip(*np.nonzero(~grid))}
-    edges = {frozenset([(r, c), (r + dr, c + dc)]) for r, c in nodes for dr, dc in ((0, 1), (1, 0)) if (r + dr, c + dc) in nodes}
+    edges = {
+        frozenset([(r, c), (r + dr, c + dc)])
+        for r, c in nodes
+        for dr, dc in ((0, 1), (1, 0))
+        if (r + dr, c + dc) in nodes
+    }
     return nodes, edges
 
 

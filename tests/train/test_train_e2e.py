@@ -23,10 +23,11 @@ def rlexp_command(run_dir: Path, *overrides: str) -> list[str]:
     return [sys.executable, "-m", "rlexp", f"hydra.run.dir={run_dir}", *QUICK, *overrides]
 
 
-def run_rlexp(run_dir: Path, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_rlexp(run_dir: Path, *overrides: str, timeout: float = 600) -> str:
+    """Run to completion; returns everything it printed (logs go to stdout, progress bars to stderr)."""
     result = subprocess.run(rlexp_command(run_dir, *overrides), cwd=REPO, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr[-3000:]
-    return result
+    return result.stdout + result.stderr
 
 
 def metrics_by_step(run_dir: Path) -> dict[int, dict]:
@@ -45,7 +46,7 @@ def adapter(run_dir: Path, step: int) -> dict:
 
 def test_two_step_run_leaves_metrics_evals_and_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_rlexp(run_dir, "total_steps=2", "ckpt_interval=2", "eval_interval=2")
+    output = run_rlexp(run_dir, "total_steps=2", "ckpt_interval=2", "eval_interval=2")
     steps = metrics_by_step(run_dir)
     assert sorted(steps) == [1, 2]
     assert steps[1]["rollout/invalid_action_rate"] > 0  # an untrained policy's garbage is counted, not fatal
@@ -59,11 +60,11 @@ def test_two_step_run_leaves_metrics_evals_and_checkpoint(tmp_path):
     assert (checkpoint / "policy" / "adapter_config.json").is_file()
     assert (checkpoint / "trainer_state.pt").is_file() and (checkpoint / "config.yaml").is_file()
     assert (run_dir / "status").read_text().strip() == "FINISHED"
-    assert str(run_dir) in result.stderr  # tells the user where things went
+    assert str(run_dir) in output  # tells the user where things went
 
 
 def test_kill_9_and_resume_equals_uninterrupted_run(tmp_path):
-    overrides = ["total_steps=4", "ckpt_interval=1", "eval_interval=4", "algorithm.lr=0.05", "env.format_reward=0.5"]
+    overrides = ["total_steps=4", "ckpt_interval=1", "keep_last_ckpts=4", "eval_interval=4", "algorithm.lr=0.05"]
     straight = tmp_path / "straight"
     run_rlexp(straight, *overrides)
 
@@ -78,8 +79,8 @@ def test_kill_9_and_resume_equals_uninterrupted_run(tmp_path):
     process.wait()
     assert not (killed / "checkpoints" / "global_step_4").exists()
 
-    result = run_rlexp(killed, *overrides)
-    assert "resumed from" in result.stderr
+    output = run_rlexp(killed, *overrides)
+    assert "resumed from" in output
     assert metrics_by_step(killed) == metrics_by_step(straight)
     final_straight, final_resumed = adapter(straight, 4), adapter(killed, 4)
     assert final_straight.keys() == final_resumed.keys()
@@ -94,7 +95,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path):
     run_rlexp(run_dir, "total_steps=2", "ckpt_interval=1", "eval_interval=10")
     state = run_dir / "checkpoints" / "global_step_2" / "trainer_state.pt"
     state.write_bytes(state.read_bytes()[:100])  # truncated, as by a crash mid-copy
-    result = run_rlexp(run_dir, "total_steps=3", "ckpt_interval=1", "eval_interval=10")
-    assert "global_step_2 is corrupt" in result.stderr
-    assert "resumed from" in result.stderr and "global_step_1" in result.stderr
+    output = run_rlexp(run_dir, "total_steps=3", "ckpt_interval=1", "eval_interval=10")
+    assert "global_step_2 is corrupt" in output
+    assert "resumed from" in output and "global_step_1" in output
     assert (run_dir / "checkpoints" / "global_step_3" / "manifest.json").is_file()
