@@ -271,6 +271,11 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             raise TrainingDivergedError(f"non-finite gradient norm at step {self.step + 1}; the update was not applied")
         self.optimizer.step()
+        if not all(torch.isfinite(p).all() for p in params):
+            raise TrainingDivergedError(
+                f"non-finite LoRA weights after the update at step {self.step + 1}; the last checkpoint in "
+                f"{self.ckpt_root} is intact. Try a lower algorithm.lr."
+            )
         self.scheduler.step()
         result = {key: value / max(tokens, 1) for key, value in sums.items()}
         result["train/loss"] = loss_total

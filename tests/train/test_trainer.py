@@ -1,0 +1,80 @@
+"""The trainer in-process: a real tiny policy, a real update, and what happens when the loss is not finite."""
+
+import pytest
+import torch
+
+from conftest import compose_config
+from rlexp.tracking import Trackers
+from rlexp.train import loop
+from rlexp.train.checkpoint import latest_valid_checkpoint, verify_checkpoint
+from rlexp.train.loop import Trainer, TrainingDivergedError
+
+QUICK = ("name=test", "eval.num_mazes=2", "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=6")
+
+
+def _trainer(tmp_path, *overrides):
+    return Trainer(compose_config(*QUICK, *overrides), tmp_path, Trackers([]))
+
+
+def _lora_weights(trainer):
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+
+def test_update_changes_only_lora_weights_and_logs_the_step(tmp_path):
+    trainer = _trainer(tmp_path, "algorithm.lr=0.05")
+    frozen_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
+    before = _lora_weights(trainer)
+    metrics = {}
+    for _ in range(3):  # a step can have all-equal rewards (no signal); three steps of 8 episodes do not
+        metrics = trainer.train_step()
+        trainer.step += 1
+        if metrics["train/grad_norm"] > 0:
+            break
+    assert metrics["train/grad_norm"] > 0
+    assert any(not torch.equal(before[n], p) for n, p in _lora_weights(trainer).items())
+    for name, param in trainer.model.named_parameters():
+        if not param.requires_grad:
+            assert torch.equal(frozen_before[name], param), name
+    for key in ("rollout/reward_mean", "train/loss", "train/entropy", "train/clip_frac", "timing/generate_s"):
+        assert key in metrics
+
+
+def test_ratio_is_exactly_one_on_the_first_mini_batch(tmp_path):
+    trainer = _trainer(tmp_path, "algorithm.train_batch_size=2", "algorithm.policy_mini_batch_size=2")
+    metrics = trainer.train_step()
+    assert metrics["train/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert metrics["train/clip_frac"] == 0.0
+
+
+def test_non_finite_loss_stops_with_clear_error_and_keeps_checkpoint(tmp_path, monkeypatch):
+    trainer = _trainer(tmp_path)
+    checkpoint = trainer.save()
+    before = _lora_weights(trainer)
+    real_token_logprobs = loop.token_logprobs
+
+    def nan_when_training(model, batch, temperature):
+        logprobs, entropy = real_token_logprobs(model, batch, temperature)
+        return (logprobs * float("nan") if torch.is_grad_enabled() else logprobs), entropy
+
+    monkeypatch.setattr(loop, "token_logprobs", nan_when_training)
+    with pytest.raises(TrainingDivergedError, match="non-finite loss.*checkpoint"):
+        trainer.train_step()
+    assert verify_checkpoint(checkpoint) is None
+    assert latest_valid_checkpoint(tmp_path / "checkpoints") == checkpoint
+    for name, weight in _lora_weights(trainer).items():
+        assert torch.equal(before[name], weight), name
+
+
+def test_all_zero_rewards_give_zero_loss_not_nan(tmp_path):
+    trainer = _trainer(tmp_path, "env.format_reward=0.0")  # the untrained toy policy never solves a maze
+    metrics = trainer.train_step()
+    assert metrics["rollout/reward_mean"] == 0.0
+    assert metrics["train/loss"] == 0.0 and metrics["train/grad_norm"] == 0.0
+
+
+def test_sft_trains_on_expert_replies(tmp_path):
+    trainer = _trainer(tmp_path, "algorithm=sft", "rollout.max_turns=4")
+    first = trainer.train_step()["train/loss"]
+    for _ in range(3):
+        last = trainer.train_step()["train/loss"]
+    assert first > 0 and last < first
