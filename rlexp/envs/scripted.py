@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from rlexp.envs.batch import BatchedMazeEnv
-from rlexp.envs.maze import NUM_ACTIONS, Maze, distance_map, expert_actions, greedy_move
+from rlexp.envs.maze import NUM_ACTIONS, Maze, distance_map, greedy_move
 from rlexp.envs.rng import SplitMix64
 
 

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rlexp.envs import Maze, expert_actions
+from rlexp.evaluation.visualize import save_episode_pictures
 from rlexp.rollout.conversation import Trajectory, TurnFormatter
 from rlexp.rollout.driver import run_rollouts, stop_strings
 from rlexp.rollout.engine import InferenceEngine, SamplingParams
@@ -117,3 +118,18 @@ def episode_rows(trajectories: list[Trajectory], mazes: list[Maze]) -> list[dict
         }
         for t in trajectories
     ]
+
+
+#: eval episodes saved (and sent to the trackers) as a path PNG and a frames GIF at each eval.
+EPISODES_PICTURED = 4
+
+
+def record_eval(result: EvalResult, trajectories: list[Trajectory], mazes: list[Maze], path: Path, trackers, step: int, cell_px: int) -> None:
+    """Per-maze rows and summary at ``path``, pictures of the first episodes beside it, all to the trackers."""
+    result.write(path)
+    trackers.log_metrics(result.metrics(), step)
+    trackers.log_artifact(path)
+    for trajectory in trajectories[:EPISODES_PICTURED]:
+        maze = mazes[trajectory.maze_index]
+        for picture in save_episode_pictures(maze, trajectory, path.with_suffix("") / f"maze_{maze.seed}", cell_px):
+            trackers.log_artifact(picture)

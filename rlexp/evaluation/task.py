@@ -6,8 +6,8 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from rlexp.envs import ExpertPolicy, NoisyExpertPolicy, RandomPolicy, load_pinned
-from rlexp.evaluation.evaluate import EvalResult, episode_rows, evaluate_model, summarize
-from rlexp.rollout.conversation import TurnFormatter
+from rlexp.evaluation.evaluate import EvalResult, episode_rows, evaluate_model, record_eval, summarize
+from rlexp.rollout.conversation import Trajectory, TurnFormatter
 from rlexp.rollout.driver import scripted_trajectories
 from rlexp.rollout.hf_engine import HFEngine
 from rlexp.train.setup import load_policy, run_dir_of
@@ -25,13 +25,11 @@ def evaluate_task(cfg: DictConfig) -> float:
     try:
         policy = cfg.eval.policy.value
         if policy == "model":
-            result = _evaluate_model(cfg, mazes)
+            result, trajectories = _evaluate_model(cfg, mazes)
         else:
-            result = _evaluate_scripted(cfg, mazes, policy)
+            result, trajectories = _evaluate_scripted(cfg, mazes, policy)
         path = run_dir / "eval" / f"{policy}.jsonl"
-        result.write(path)
-        trackers.log_metrics(result.metrics(), 0)
-        trackers.log_artifact(path)
+        record_eval(result, trajectories, mazes, path, trackers, 0, cfg.env.cell_px)
         log.info("eval (%s) on %s: %s; per-maze results in %s", policy, cfg.env.pinned_set, result.summary(), path)
         status = "FINISHED"
         return result.success_rate
@@ -39,7 +37,7 @@ def evaluate_task(cfg: DictConfig) -> float:
         trackers.finish(status)
 
 
-def _evaluate_model(cfg: DictConfig, mazes) -> EvalResult:
+def _evaluate_model(cfg: DictConfig, mazes) -> tuple[EvalResult, list[Trajectory]]:
     adapter = None
     if cfg.checkpoint:
         adapter = Path(cfg.checkpoint)
@@ -48,11 +46,10 @@ def _evaluate_model(cfg: DictConfig, mazes) -> EvalResult:
             raise FileNotFoundError(f"checkpoint={cfg.checkpoint}: no LoRA adapter (adapter_config.json) there")
     model, processor = load_policy(cfg.model, cfg.cluster.device, adapter=adapter, trainable=False, new_adapter=False)
     engine = HFEngine(model, processor, static_cache=cfg.rollout.static_cache)
-    result, _ = evaluate_model(engine, TurnFormatter(processor), mazes, cfg.env, cfg.rollout, cfg.eval)
-    return result
+    return evaluate_model(engine, TurnFormatter(processor), mazes, cfg.env, cfg.rollout, cfg.eval)
 
 
-def _evaluate_scripted(cfg: DictConfig, mazes, policy: str) -> EvalResult:
+def _evaluate_scripted(cfg: DictConfig, mazes, policy: str) -> tuple[EvalResult, list[Trajectory]]:
     policies = {
         "random": lambda: RandomPolicy(seed=cfg.seed),
         "expert": ExpertPolicy,
@@ -60,4 +57,4 @@ def _evaluate_scripted(cfg: DictConfig, mazes, policy: str) -> EvalResult:
     }
     samples = 1 if cfg.eval.greedy else cfg.eval.samples_per_maze
     trajectories = scripted_trajectories(policies[policy](), mazes, cfg.env, samples, cfg.rollout.max_turns)
-    return summarize(episode_rows(trajectories, mazes), len(mazes), cfg.rollout.max_turns, samples)
+    return summarize(episode_rows(trajectories, mazes), len(mazes), cfg.rollout.max_turns, samples), trajectories

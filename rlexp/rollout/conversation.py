@@ -29,6 +29,8 @@ class Turn:
 
     image: np.ndarray
     text: str
+    #: the agent's (row, col) when this observation was made.
+    position: tuple[int, int] = (0, 0)
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     response_text: str = ""
@@ -46,6 +48,8 @@ class Trajectory:
     reward: float = 0.0
     success: bool = False
     num_invalid: int = 0
+    #: the agent's (row, col) after the last turn.
+    final_position: tuple[int, int] = (0, 0)
 
     @property
     def num_turns(self) -> int:

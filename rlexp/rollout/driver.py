@@ -54,7 +54,8 @@ def run_episodes(
                 text = step_text(0, env_cfg.max_steps)
             else:
                 text = turn_text(feedback[i], turn_index, env_cfg.max_steps)
-            trajectories[i].turns.append(Turn(image=images[i].copy(), text=text))
+            position = tuple(int(x) for x in env.agent_pos[i])
+            trajectories[i].turns.append(Turn(image=images[i].copy(), text=text, position=position))
         outputs = reply(env, episodes, active, trajectories, turn_index)
         actions: list[str | None] = [None] * len(episodes)
         for i, output in zip(active, outputs):
@@ -64,6 +65,7 @@ def run_episodes(
         result = env.step(actions)
         images = result.images
         for i in active:
+            trajectories[i].final_position = tuple(int(x) for x in env.agent_pos[i])
             trajectories[i].turns[-1].valid = bool(result.valid[i])
             trajectories[i].num_invalid += int(not result.valid[i])
             feedback[i] = result.feedback[i]

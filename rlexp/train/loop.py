@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from rlexp.algorithms.grpo import group_advantages, loss_normalizer, nonzero_variance_groups, policy_loss, sft_loss
 from rlexp.envs import ExpertPolicy, TrainingMazeStream, load_pinned, pinned_layout_hashes
-from rlexp.evaluation.evaluate import EvalResult, evaluate_model
+from rlexp.evaluation.evaluate import EvalResult, evaluate_model, record_eval
 from rlexp.models import reference_model
 from rlexp.rollout.conversation import Sequence, Trajectory, TurnFormatter, training_sequences
 from rlexp.rollout.driver import run_rollouts, scripted_trajectories, stop_strings
@@ -286,11 +286,11 @@ class Trainer:
     # -- eval and checkpoints -----------------------------------------------------------------------
 
     def evaluate(self) -> EvalResult:
-        result, _ = evaluate_model(self.engine, self.formatter, self.pinned, self.env_cfg, self.rollout_cfg, self.cfg.eval)
+        result, trajectories = evaluate_model(
+            self.engine, self.formatter, self.pinned, self.env_cfg, self.rollout_cfg, self.cfg.eval
+        )
         path = self.run_dir / "eval" / f"step_{self.step:06d}.jsonl"
-        result.write(path)
-        self.trackers.log_metrics(result.metrics(), self.step)
-        self.trackers.log_artifact(path)
+        record_eval(result, trajectories, self.pinned, path, self.trackers, self.step, self.env_cfg.cell_px)
         log.info("eval at step %d: %s (%s)", self.step, result.summary(), path)
         self.last_eval = result
         return result

@@ -61,6 +61,16 @@ def test_two_step_run_leaves_metrics_evals_and_checkpoint(tmp_path):
     assert (checkpoint / "trainer_state.pt").is_file() and (checkpoint / "config.yaml").is_file()
     assert (run_dir / "status").read_text().strip() == "FINISHED"
     assert str(run_dir) in output  # tells the user where things went
+    assert (run_dir / "eval" / "step_000002" / "maze_0.gif").is_file()
+
+    eval_dir = tmp_path / "eval"
+    output = run_rlexp(eval_dir, "task=eval", f"checkpoint={checkpoint}")
+    summary = json.loads((eval_dir / "eval" / "model.summary.json").read_text())
+    assert summary["num_mazes"] == 4 and summary["turn_limit"] == 3
+    assert "eval (model)" in output
+    # the saved adapter, evaluated afresh, replays the run's final greedy eval exactly
+    final_rows = (run_dir / "eval" / "step_000002.jsonl").read_text().splitlines()
+    assert (eval_dir / "eval" / "model.jsonl").read_text().splitlines() == final_rows
 
 
 def test_kill_9_and_resume_equals_uninterrupted_run(tmp_path):
