@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from rlexp.config import ConfigError, register_configs, schema_keys, validate
@@ -53,6 +55,8 @@ def run_task(cfg: DictConfig):
             raise ConfigError(f"task={task} is not implemented yet; available now: {', '.join(TASKS)}")
         validate(cfg)
     except ConfigError as error:
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # the job is marked failed; the sweep's other jobs still run
         sys.exit(f"rlexp: {error}")
     module_name, function_name = TASKS[task].split(":")
     return getattr(importlib.import_module(module_name), function_name)(cfg)
