@@ -18,6 +18,7 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 TASKS = {
     "train": "rlexp.train.loop:train",
     "eval": "rlexp.evaluation.task:evaluate_task",
+    "report": "rlexp.tracking.report:report",
 }
 
 

@@ -172,6 +172,18 @@ class EvalConfig:
 
 
 @dataclass
+class ReportConfig:
+    """``task=report``: which runs to compare."""
+
+    #: MLflow experiment; null = this config's ``name``.
+    experiment: Optional[str] = None
+    #: only the runs of this multirun (its ``sweep`` tag, e.g. multirun-2026-12-03_10-00-00); null = all.
+    sweep: Optional[str] = None
+    #: null = ``MLFLOW_TRACKING_URI`` or the local store ``outputs/mlflow.db``.
+    tracking_uri: Optional[str] = None
+
+
+@dataclass
 class Config:
     task: Task = Task.train
     #: the experiment's name; the run dir is ``outputs/<name>/<run_name>``.
@@ -193,6 +205,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     #: trackers by name, each with a ``_target_``; the ``logger`` group fills it.
     logger: dict[str, Any] = field(default_factory=dict)
 

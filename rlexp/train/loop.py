@@ -286,9 +286,11 @@ class Trainer:
     # -- eval and checkpoints -----------------------------------------------------------------------
 
     def evaluate(self) -> EvalResult:
+        start = time.perf_counter()
         result, trajectories = evaluate_model(
             self.engine, self.formatter, self.pinned, self.env_cfg, self.rollout_cfg, self.cfg.eval
         )
+        self.trackers.log_metrics({"timing/eval_s": time.perf_counter() - start}, self.step)
         path = self.run_dir / "eval" / f"step_{self.step:06d}.jsonl"
         record_eval(result, trajectories, self.pinned, path, self.trackers, self.step, self.env_cfg.cell_px)
         log.info("eval at step %d: %s (%s)", self.step, result.summary(), path)
