@@ -131,7 +131,7 @@ def test_cli_unknown_option_lists_choices():
 
 
 def test_cli_incompatible_settings_fail_before_loading():
-    result = _rlexp("algorithm.policy_mini_batch_size=3", "hydra.run.dir=/tmp/rlexp-test-unused")
+    result = _rlexp("algorithm.train_batch_size=2", "algorithm.policy_mini_batch_size=3", "hydra.run.dir=/tmp/rlexp-test-unused")
     assert result.returncode != 0
     assert "policy_mini_batch_size=3" in result.stderr and "train_batch_size=2" in result.stderr
     assert "Traceback" not in result.stderr
