@@ -189,8 +189,8 @@ class Config:
     #: the experiment's name; the run dir is ``outputs/<name>/<run_name>``.
     name: str = "default"
     seed: int = 0
-    #: null = a timestamped name.
-    run_name: Optional[str] = None
+    #: the run dir's name (a timestamp unless given); rerunning with the same name resumes that run.
+    run_name: str = MISSING
     #: "latest" (newest complete checkpoint of this run dir), "none", or a checkpoint path.
     resume: str = "latest"
     total_steps: int = 2

@@ -1,27 +1,46 @@
 """The tracker interface, the always-on JSON-lines record, and the fan-out to configured trackers."""
 
 import json
+import logging
+import subprocess
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+log = logging.getLogger(__name__)
+
+Status = Literal["FINISHED", "FAILED"]
+
+#: config groups whose chosen option becomes a ``choice.<group>`` tag.
+TAGGED_CHOICES = ("model", "cluster", "env", "algorithm", "rollout", "experiment")
+
 
 class Tracker(Protocol):
-    def log_params(self, params: dict[str, Any]) -> None: ...
+    """What every tracker implements. Implementations are built by ``build_trackers`` with
+    ``run_dir`` and ``run_info`` (see ``run_info``) plus the options of their ``logger`` entry."""
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        """The flattened config (``{"algorithm.lr": 1e-5, …}``), once per run (again on resume)."""
+
+    def set_tags(self, tags: dict[str, str]) -> None: ...
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
 
-    def log_artifact(self, path: Path) -> None: ...
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        """A file; ``artifact_path`` is the folder it goes under, by default its folder relative to the
+        run dir (``eval/step_000002``). PNG and GIF files are shown as images where the tracker can."""
 
-    def finish(self, status: str = "FINISHED") -> None:
-        """``FINISHED`` or ``FAILED``; always called, from a ``finally``."""
+    def finish(self, status: Status = "FINISHED") -> None:
+        """Always called, from a ``finally``."""
 
 
 class JsonlTracker:
-    """``metrics.jsonl`` (one line per log call) and ``params.json`` in the run dir."""
+    """``metrics.jsonl`` (one line per log call), ``params.json``, ``tags.json`` and ``status`` in the run dir."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
@@ -31,48 +50,108 @@ class JsonlTracker:
     def log_params(self, params: dict[str, Any]) -> None:
         (self.run_dir / "params.json").write_text(json.dumps(params, indent=2, default=str) + "\n")
 
+    def set_tags(self, tags: dict[str, str]) -> None:
+        (self.run_dir / "tags.json").write_text(json.dumps(tags, indent=2) + "\n")
+
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         with self.metrics_path.open("a") as f:
             f.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
 
-    def log_artifact(self, path: Path) -> None:
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         """Artifacts already live in the run dir."""
 
-    def finish(self, status: str = "FINISHED") -> None:
+    def finish(self, status: Status = "FINISHED") -> None:
         (self.run_dir / "status").write_text(status + "\n")
 
 
 class Trackers:
-    """Sends every call to each tracker."""
+    """Sends every call to each tracker. A tracker that raises is reported and skipped for that call, so
+    that a tracking problem never ends a training run."""
 
     def __init__(self, trackers: list[Tracker]):
         self.trackers = trackers
 
-    def log_params(self, params: dict[str, Any]) -> None:
+    def _each(self, method: str, *args) -> None:
         for tracker in self.trackers:
-            tracker.log_params(params)
+            try:
+                getattr(tracker, method)(*args)
+            except Exception:
+                log.warning("%s.%s failed; continuing without it", type(tracker).__name__, method, exc_info=True)
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        self._each("log_params", params)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self._each("set_tags", tags)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        for tracker in self.trackers:
-            tracker.log_metrics(metrics, step)
+        self._each("log_metrics", metrics, step)
 
-    def log_artifact(self, path: Path) -> None:
-        for tracker in self.trackers:
-            tracker.log_artifact(path)
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        self._each("log_artifact", Path(path), artifact_path)
 
-    def finish(self, status: str = "FINISHED") -> None:
-        for tracker in self.trackers:
-            tracker.finish(status)
+    def finish(self, status: Status = "FINISHED") -> None:
+        self._each("finish", status)
 
 
 def build_trackers(logger_cfg: DictConfig, run_dir: Path, config: DictConfig) -> Trackers:
-    """The JSON-lines record plus every tracker in the ``logger`` group, built from its ``_target_``."""
+    """The JSON-lines record plus every tracker in the ``logger`` group, built from its ``_target_``;
+    then the resolved config as params and the run's tags (see ``run_info``) go to all of them."""
+    run_dir = Path(run_dir)
+    info = run_info(run_dir, config)
     trackers: list[Tracker] = [JsonlTracker(run_dir)]
     for spec in (logger_cfg or {}).values():
-        trackers.append(instantiate(spec, run_dir=str(run_dir), _convert_="all"))
+        trackers.append(instantiate(spec, run_dir=str(run_dir), run_info=info, _convert_="all"))
     result = Trackers(trackers)
     result.log_params(flatten(OmegaConf.to_container(config, resolve=True, enum_to_str=True)))
+    result.set_tags(info["tags"])
     return result
+
+
+def run_info(run_dir: Path, config: DictConfig) -> dict[str, Any]:
+    """What trackers name and group runs by.
+
+    ``run_name`` (the run dir's name), ``experiment`` (``cfg.name``), ``group`` (a multirun's sweep dir
+    name, else None) and ``tags``: ``choice.<group>`` for the chosen model/cluster/env/algorithm/rollout/
+    experiment options, ``git_commit`` and ``sweep`` where known. Outside a Hydra app there are no choices
+    and no group, and the experiment falls back to the run dir's parent's name.
+    """
+    run_dir = Path(run_dir)
+    group, tags = None, {}
+    if HydraConfig.initialized():
+        hydra_cfg = HydraConfig.get()
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            group = Path(hydra_cfg.sweep.dir).name
+        choices = hydra_cfg.runtime.choices
+        tags = {f"choice.{g}": str(choices[g]) for g in TAGGED_CHOICES if choices.get(g) is not None}
+    if commit := git_commit():
+        tags["git_commit"] = commit
+    if group:
+        tags["sweep"] = group
+    experiment = OmegaConf.select(config, "name", default=None, throw_on_resolution_failure=False)
+    return {"run_name": run_dir.name, "experiment": experiment or run_dir.parent.name, "group": group, "tags": tags}
+
+
+def git_commit() -> str | None:
+    """HEAD of the repository this package is imported from, or None (not a checkout, no git)."""
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if result.returncode != 0:
+        return None
+    return result.stdout.strip() or None
+
+
+def default_artifact_path(path: Path, run_dir: Path) -> str | None:
+    """The folder of ``path`` relative to the run dir (``eval/step_000002``); None at its top or outside it."""
+    try:
+        folder = Path(path).resolve().parent.relative_to(Path(run_dir).resolve())
+    except ValueError:
+        return None
+    return folder.as_posix() if folder.parts else None
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

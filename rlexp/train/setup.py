@@ -11,10 +11,10 @@ from rlexp.models import apply_lora, load_model_and_processor, resolve_model_pat
 
 
 def run_dir_of(cfg: DictConfig) -> Path:
-    """Hydra's output dir (``outputs/<name>/<run_name>``), or ``outputs/<name>/<run_name>`` outside Hydra."""
+    """Hydra's output dir: ``outputs/<name>/<run_name>`` for a run, ``<sweep dir>/<job number>`` in a multirun."""
     if HydraConfig.initialized():
         return Path(HydraConfig.get().runtime.output_dir)
-    return Path("outputs") / cfg.name / (cfg.run_name or "run")
+    return Path("outputs") / cfg.name / cfg.run_name
 
 
 def load_policy(
