@@ -11,9 +11,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _isolated_cache(tmp_path_factory):
-    """Keep the tiny model's cache inside the test session unless the caller set one."""
+def _isolated_state(tmp_path_factory):
+    """Runs the tests start (in-process or as subprocesses) write nothing into the checkout: the tiny
+    model's cache (unless the caller set one) and the default MLflow store live in the session's tmp."""
     os.environ.setdefault("RLEXP_CACHE", str(tmp_path_factory.mktemp("rlexp-cache")))
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
 
 
 def compose_config(*overrides: str):

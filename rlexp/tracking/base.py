@@ -111,7 +111,7 @@ def build_trackers(logger_cfg: DictConfig, run_dir: Path, config: DictConfig) ->
 def run_info(run_dir: Path, config: DictConfig) -> dict[str, Any]:
     """What trackers name and group runs by.
 
-    ``run_name`` (the run dir's name), ``experiment`` (``cfg.name``), ``group`` (a multirun's sweep dir
+    ``run_name`` (the run dir's name, after the sweep's in a multirun), ``experiment`` (``cfg.name``), ``group`` (a multirun's sweep dir
     name, else None) and ``tags``: ``choice.<group>`` for the chosen model/cluster/env/algorithm/rollout/
     experiment options, ``git_commit`` and ``sweep`` where known. Outside a Hydra app there are no choices
     and no group, and the experiment falls back to the run dir's parent's name.
@@ -129,7 +129,9 @@ def run_info(run_dir: Path, config: DictConfig) -> dict[str, Any]:
     if group:
         tags["sweep"] = group
     experiment = OmegaConf.select(config, "name", default=None, throw_on_resolution_failure=False)
-    return {"run_name": run_dir.name, "experiment": experiment or run_dir.parent.name, "group": group, "tags": tags}
+    # a multirun's job dirs are numbered; prefix the sweep so that names stay unique across sweeps
+    run_name = f"{group}/{run_dir.name}" if group else run_dir.name
+    return {"run_name": run_name, "experiment": experiment or run_dir.parent.name, "group": group, "tags": tags}
 
 
 def git_commit() -> str | None:

@@ -58,7 +58,7 @@ class MlflowTracker:
         defaults to ``mlartifacts/`` beside the database. ``tags`` are added to the run's tags."""
         self.run_dir = Path(run_dir)
         self.run_name = run_info.get("run_name") or self.run_dir.name
-        self.tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+        self.tracking_uri = resolve_tracking_uri(tracking_uri)
         self.experiment_name = experiment_name or run_info.get("experiment") or "rlexp"
         self.artifact_location = artifact_location or artifacts_beside(self.tracking_uri)
         self.flush_timeout_s, self.http_timeout_s, self.retry_interval_s = flush_timeout_s, http_timeout_s, retry_interval_s
@@ -70,7 +70,10 @@ class MlflowTracker:
         state = json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
         self.run_id: str | None = state.get("run_id")
         if self.run_id and state.get("tracking_uri") != self.tracking_uri:
-            log.warning("MLflow run %s of this run dir is on %s; starting a new run on %s", self.run_id, state.get("tracking_uri"), self.tracking_uri)
+            log.warning(
+                "MLflow run %s of this run dir is on %s; starting a new run on %s",
+                self.run_id, state.get("tracking_uri"), self.tracking_uri,
+            )
             self.run_id = None
         self.sent: int = state.get("sent", 0)
         self.pending, self.next_seq = self._read_journal()
@@ -84,7 +87,8 @@ class MlflowTracker:
     # -- the Tracker interface: journal, then send ----------------------------------------------------
 
     def log_params(self, params: dict[str, Any]) -> None:
-        self._record({"op": "params", "params": {sanitize_name(k): _truncate(str(v), MAX_PARAM_VAL_LENGTH) for k, v in params.items()}})
+        values = {sanitize_name(k): _truncate(str(v), MAX_PARAM_VAL_LENGTH) for k, v in params.items()}
+        self._record({"op": "params", "params": values})
 
     def set_tags(self, tags: dict[str, str]) -> None:
         tags = {sanitize_name(k): _truncate(str(v), MAX_TAG_VAL_LENGTH) for k, v in tags.items()}
@@ -167,7 +171,8 @@ class MlflowTracker:
                         return False
                     if batch[0]["op"] == "start":
                         self._refused = True
-                        log.error("MLflow refused the run (%s); nothing more is sent, %s keeps it all", error, self.journal_path)
+                        log.error("MLflow refused the run (%s); nothing more is sent, %s keeps it all",
+                                  error, self.journal_path)
                         return False
                     log.warning("MLflow rejected journal entry %d (%s): %s; skipped", batch[0]["seq"], batch[0]["op"], error)
                 if self._failures:
@@ -183,18 +188,19 @@ class MlflowTracker:
         wait = min(self.retry_interval_s * 2 ** (self._failures - 1), MAX_RETRY_INTERVAL_S)
         self._retry_at = time.monotonic() + wait
         report = log.warning if self._failures == 1 else log.debug
-        report("MLflow at %s unreachable (%s); %d entries wait in %s, next try in %.0f s",
+        report("MLflow at %s unreachable (%s); %d entries wait in %s, next try in %.1f s",
                self.tracking_uri, _first_line(error), len(self.pending), self.journal_path, wait)
 
     def _next_batch(self) -> list[dict]:
-        """The first pending entry, with the metrics entries right after it when it is one (one request)."""
+        """The first pending entry; a metrics entry with the metrics entries right after it (one request)."""
         batch = self.pending[:1]
-        count = len(batch[0].get("metrics", ()))
-        for entry in self.pending[1:]:
-            if batch[0]["op"] != "metrics" or entry["op"] != "metrics" or count + len(entry["metrics"]) > MAX_METRICS_PER_BATCH:
-                break
-            batch.append(entry)
-            count += len(entry["metrics"])
+        if batch[0]["op"] == "metrics":
+            count = len(batch[0]["metrics"])
+            for entry in self.pending[1:]:
+                count += len(entry.get("metrics", ()))
+                if entry["op"] != "metrics" or count > MAX_METRICS_PER_BATCH:
+                    break
+                batch.append(entry)
         return batch
 
     def _send(self, batch: list[dict]) -> None:
@@ -254,8 +260,11 @@ class MlflowTracker:
         self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in params.items() if k not in existing])
 
 
-def default_tracking_uri() -> str:
-    """A sqlite store at the root of all run dirs (Hydra does not chdir, so the cwd's ``outputs/``)."""
+def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
+    """``tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else a sqlite store at the root of all run dirs
+    (Hydra does not chdir, so the cwd's ``outputs/``)."""
+    if tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"):
+        return tracking_uri or os.environ["MLFLOW_TRACKING_URI"]
     outputs = Path("outputs").resolve()
     outputs.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{outputs / 'mlflow.db'}"

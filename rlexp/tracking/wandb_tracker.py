@@ -4,6 +4,7 @@ uploads it later). The W&B run id is kept in ``tracking/wandb.json`` so a resume
 import json
 import netrc
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,7 +41,7 @@ class WandbTracker:
         state_path = self.run_dir / "tracking" / "wandb.json"
         state_path.parent.mkdir(parents=True, exist_ok=True)
         if not state_path.exists():
-            state_path.write_text(json.dumps({"run_id": wandb.util.generate_id()}) + "\n")
+            state_path.write_text(json.dumps({"run_id": uuid.uuid4().hex[:12]}) + "\n")
         self.run = wandb.init(
             project=project,
             entity=entity,

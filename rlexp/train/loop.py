@@ -52,7 +52,6 @@ class Sample:
 def train(cfg: DictConfig) -> float:
     """Run (or resume) a training run; returns the final eval success rate (a sweeper's objective)."""
     run_dir = run_dir_of(cfg)
-    torch.manual_seed(cfg.seed)
     trackers = build_trackers(cfg.logger, run_dir, cfg)
     status = "FAILED"
     try:
@@ -68,6 +67,7 @@ class Trainer:
         self.cfg, self.run_dir, self.trackers = cfg, run_dir, trackers
         self.algo, self.rollout_cfg, self.env_cfg = cfg.algorithm, cfg.rollout, cfg.env
         self.ckpt_root = run_dir / "checkpoints"
+        torch.manual_seed(cfg.seed)
         checkpoint = self._checkpoint_to_resume()
         self.model, self.processor = load_policy(cfg.model, cfg.cluster.device, adapter=checkpoint and checkpoint / "policy", trainable=True)
         self.device = next(self.model.parameters()).device

@@ -1,6 +1,7 @@
 """Real backends for the tracker tests: an ``mlflow server`` subprocess, an isolated offline W&B, and a
 reader for W&B's offline ``.wandb`` files (wandb 0.31 ships no Python reader for them)."""
 
+import json
 import os
 import signal
 import socket
@@ -70,14 +71,14 @@ class MlflowServer:
         self.process = None
 
 
-@pytest.fixture
-def offline_wandb(tmp_path, monkeypatch):
-    """No W&B credentials and W&B's own files under ``tmp_path``: trackers run offline, touching nothing else."""
+def isolate_wandb(monkeypatch: pytest.MonkeyPatch, root: Path) -> None:
+    """No W&B credentials and W&B's own files under ``root``: trackers run offline, touching nothing else
+    (subprocesses inherit this environment)."""
     for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("NETRC", str(root / "no-netrc"))
     for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
-        monkeypatch.setenv(name, str(tmp_path / "wandb-home" / name.lower()))
+        monkeypatch.setenv(name, str(root / "wandb-home" / name.lower()))
 
 
 def wandb_records(path: Path) -> list[wandb_internal_pb2.Record]:
@@ -105,8 +106,6 @@ def wandb_records(path: Path) -> list[wandb_internal_pb2.Record]:
 
 def wandb_history(records) -> list[dict]:
     """History rows as ``{top-level key: decoded JSON value}`` (media rows hold ``{"_type": …}`` parts)."""
-    import json
-
     rows = []
     for record in records:
         if record.WhichOneof("record_type") != "history":

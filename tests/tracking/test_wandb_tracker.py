@@ -1,0 +1,83 @@
+"""WandbTracker, offline (no credentials): what its ``.wandb`` file in the run dir holds, and resume."""
+
+from pathlib import Path
+
+from PIL import Image
+
+from rlexp.tracking.wandb_tracker import WandbTracker, has_credentials
+from tracking_fixtures import isolate_wandb, wandb_history, wandb_records
+
+INFO = {"run_name": "run1", "experiment": "exp", "group": "multirun-2026-01-01_00-00-00", "tags": {}}
+
+
+def _records(run_dir: Path, run_id: str) -> list:
+    """The newest offline run of ``run_id`` (a resume in the same second gets a ``-1`` suffix)."""
+    logs = sorted(run_dir.glob(f"wandb/offline-run-*-{run_id}*/run-{run_id}.wandb"), key=lambda p: p.stat().st_mtime)
+    return wandb_records(logs[-1])
+
+
+def _pictures(folder: Path) -> tuple[Path, Path]:
+    folder.mkdir(parents=True)
+    png, gif = folder / "maze_7.png", folder / "maze_7.gif"
+    Image.new("RGB", (8, 8), "white").save(png)
+    frames = [Image.new("RGB", (8, 8), (40 * i, 0, 0)) for i in range(3)]
+    frames[0].save(gif, save_all=True, append_images=frames[1:])
+    return png, gif
+
+
+def test_offline_run_holds_metrics_config_group_tags_and_pictures(tmp_path, monkeypatch):
+    isolate_wandb(monkeypatch, tmp_path)
+    run_dir = tmp_path / "exp" / "run1"
+    tracker = WandbTracker(run_dir, INFO, tags=["smoke"])
+    assert tracker.run.offline
+    tracker.log_params({"algorithm.lr": 1e-5, "model.lora.target_modules": ["q_proj", "v_proj"]})
+    tracker.set_tags({"choice.model": "tiny", "git_commit": "0" * 40})
+    for step in (1, 2, 3):
+        tracker.log_metrics({"train/loss": 1 / step, "eval/success@1": step / 10}, step)
+    png, gif = _pictures(run_dir / "eval" / "step_000003")
+    tracker.log_artifact(png)
+    tracker.log_artifact(gif)
+    tracker.finish("FAILED")
+
+    records = _records(run_dir, tracker.run.id)
+    kinds = [r.WhichOneof("record_type") for r in records]
+    rows = [r for r in wandb_history(records) if "train/loss" in r]
+    assert [(r["_step"], r["train/loss"], r["eval/success@1"]) for r in rows] == [(1, 1.0, 0.1), (2, 0.5, 0.2), (3, 1 / 3, 0.3)]
+    assert rows[-1]["eval/maze_7_png"]["_type"] == "image-file"
+    assert rows[-1]["eval/maze_7_gif"]["_type"] == "video-file"
+    config = {u.key: u.value_json for r in records if r.HasField("config") for u in r.config.update}
+    assert config["algorithm.lr"] == "0.00001" and config["model.lora.target_modules"] == '["q_proj","v_proj"]'
+    last_run = [r.run for r in records if r.HasField("run")][-1]
+    assert last_run.run_group == INFO["group"] and last_run.display_name == "run1"
+    assert set(last_run.tags) == {"smoke", "choice.model=tiny", f"git_commit={'0' * 40}"}
+    assert records[kinds.index("exit")].exit.exit_code == 1
+
+
+def test_resume_continues_the_same_run_id(tmp_path, monkeypatch):
+    isolate_wandb(monkeypatch, tmp_path)
+    run_dir = tmp_path / "exp" / "run1"
+    first = WandbTracker(run_dir, INFO)
+    first.log_metrics({"train/loss": 1.0}, 1)
+    first.finish("FAILED")
+    second = WandbTracker(run_dir, INFO)
+    assert second.run.id == first.run.id
+    second.log_metrics({"train/loss": 0.5}, 2)
+    second.finish("FINISHED")
+    assert len(list(run_dir.glob(f"wandb/offline-run-*-{first.run.id}*"))) == 2
+    records = _records(run_dir, second.run.id)
+    assert [r["train/loss"] for r in wandb_history(records)] == [0.5]
+    assert [r.exit.exit_code for r in records if r.HasField("exit")] == [0]
+
+
+def test_credentials_pick_online(tmp_path, monkeypatch):
+    isolate_wandb(monkeypatch, tmp_path)
+    assert not has_credentials()
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    assert has_credentials()
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.com")
+    assert not has_credentials()
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    assert has_credentials()
