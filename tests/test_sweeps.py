@@ -121,7 +121,7 @@ def test_mlflow_ui_shows_the_sweep_runs(server, group_size_sweep, tmp_path):
     client = MlflowClient(server.uri)
     experiment = client.get_experiment_by_name("tiny_cpu")
     runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.sweep = '{group_size_sweep.name}'")
-    url = f"{server.uri}/#/experiments/{experiment.experiment_id}"
+    url = f"{server.uri}/#/experiments/{experiment.experiment_id}/runs"
     browser = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=20000", "--window-size=1400,900"]
     dom = subprocess.run([*browser, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
     for run in runs:

@@ -276,22 +276,11 @@ def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     )
 
     size = {"shortest_edge": _MIN_PIXELS, "longest_edge": _MAX_PIXELS}
-    image_processor = Qwen2VLImageProcessor(
-        patch_size=16,
-        merge_size=2,
-        temporal_patch_size=2,
-        size=size,
-        image_mean=_IMAGE_MEAN,
-        image_std=_IMAGE_STD,
+    patches = dict(
+        patch_size=16, merge_size=2, temporal_patch_size=2, size=size, image_mean=_IMAGE_MEAN, image_std=_IMAGE_STD
     )
-    video_processor = Qwen3VLVideoProcessor(
-        patch_size=16,
-        merge_size=2,
-        temporal_patch_size=2,
-        size=size,
-        image_mean=_IMAGE_MEAN,
-        image_std=_IMAGE_STD,
-    )
+    image_processor = Qwen2VLImageProcessor(**patches)
+    video_processor = Qwen3VLVideoProcessor(**patches)
     processor = Qwen3VLProcessor(
         image_processor=image_processor,
         tokenizer=tokenizer,

@@ -88,7 +88,7 @@ def test_multirun_sweep_reaches_both_trackers(tmp_path, monkeypatch):
 
     client = MlflowClient(store)
     runs = client.search_runs([client.get_experiment_by_name("tiny_cpu").experiment_id])
-    assert sorted(r.info.run_name for r in runs) == ["0", "1"]
+    assert sorted(r.info.run_name for r in runs) == ["multirun-test/0", "multirun-test/1"]
     for run, policy in zip(sorted(runs, key=lambda r: r.info.run_name), ["expert", "random"]):
         assert run.info.status == "FINISHED"
         assert {k: run.data.tags[k] for k in ("sweep", "choice.env", "choice.experiment", "choice.model")} == {

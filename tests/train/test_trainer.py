@@ -21,11 +21,12 @@ def _lora_weights(trainer):
 
 
 def test_update_changes_only_lora_weights_and_logs_the_step(tmp_path):
-    trainer = _trainer(tmp_path, "algorithm.lr=0.05")
+    # longer replies make valid actions, and so reward differences within a group, likely
+    trainer = _trainer(tmp_path, "algorithm.lr=0.05", "rollout.max_turns=3", "rollout.max_new_tokens_per_turn=12")
     frozen_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
     before = _lora_weights(trainer)
     metrics = {}
-    for _ in range(3):  # a step can have all-equal rewards (no signal); three steps of 8 episodes do not
+    for _ in range(5):  # a step can have all-equal rewards (no signal): then try the next
         metrics = trainer.train_step()
         trainer.step += 1
         if metrics["train/grad_norm"] > 0:
