@@ -97,6 +97,6 @@ def test_multirun_sweep_reaches_both_trackers(tmp_path, monkeypatch):
         assert run.data.params["eval.policy"] == policy and "eval/success_rate" in run.data.metrics
         pictures = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, f"eval/{policy}")}
         assert {"maze_0.png", "maze_0.gif", "maze_1.png", "maze_1.gif"} <= pictures
-        (log,) = (sweep / run.info.run_name).glob("wandb/offline-run-*/run-*.wandb")
+        (log,) = (sweep / run.info.run_name.split("/")[-1]).glob("wandb/offline-run-*/run-*.wandb")
         wandb_run = [r.run for r in wandb_records(log) if r.HasField("run")][-1]
         assert wandb_run.run_group == "multirun-test" and "sweep=multirun-test" in wandb_run.tags
