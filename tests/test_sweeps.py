@@ -69,6 +69,7 @@ def test_multirun_lands_in_mlflow_with_params_history_and_artifacts(server, grou
     for run in runs:
         assert run.info.status == "FINISHED"
         assert run.data.tags["choice.experiment"] == "tiny_cpu"
+        assert run.data.tags["checkpoint"].endswith("checkpoints/global_step_1")
         history = client.get_metric_history(run.info.run_id, "eval/success_rate")
         assert sorted(m.step for m in history) == [0, 1]
         assert client.get_metric_history(run.info.run_id, "train/loss")

@@ -120,6 +120,7 @@ class Trainer:
                 self.evaluate()
             if self.step % cfg.ckpt_interval == 0 or last:
                 path = self.save()
+                self.trackers.set_tags({"checkpoint": str(path.resolve())})
                 log.info("checkpoint: %s", path)
         if self.last_eval is None:
             self.evaluate()
