@@ -25,13 +25,15 @@ def run_episodes(
 ) -> list[Trajectory]:
     """Play ``samples_per_maze`` episodes of each maze; trajectories are grouped maze-major.
 
-    Episodes end independently (``stop`` or the env's step limit); the rest keep going until
-    ``max_turns``. Every reply is stepped through the env, malformed ones as invalid actions.
+    Episodes end independently, on ``stop`` or at the turn limit (``max_turns``, at most the env's
+    ``max_steps``). Every reply is stepped through the env, malformed ones as invalid actions.
     """
     episodes = [maze for maze in mazes for _ in range(samples_per_maze)]
+    # A turn limit below the env's step limit truncates episodes there, as the env's own limit would
+    # (task reward 0, the format share still paid); the prompt keeps stating the env's limit, as VisGym's.
     env = BatchedMazeEnv(
         size=env_cfg.size,
-        max_steps=env_cfg.max_steps,
+        max_steps=min(env_cfg.max_steps, max_turns),
         cell_px=env_cfg.cell_px,
         terminate_on_goal=env_cfg.terminate_on_goal,
         format_reward=env_cfg.format_reward,
