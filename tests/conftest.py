@@ -39,3 +39,14 @@ def tiny_policy():
 
     model, processor = load_model_and_processor(resolve_model_path("tiny"))
     return apply_lora(model, 8, 16, 0.0, "all-linear-language"), processor
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real ``mlflow server`` on 127.0.0.1 for the tests of one module, stopped after them."""
+    from tracking_support import MlflowServer
+
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    yield server
+    server.stop()

@@ -9,7 +9,6 @@ from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
 from conftest import REPO
-from tracking.tracking_fixtures import MlflowServer
 
 SWEEPS = sorted(p.stem for p in (REPO / "sweeps").glob("*.yaml"))
 #: a tiny run in seconds: 1 step, evals on 2 pinned mazes.
@@ -38,29 +37,21 @@ def test_every_sweep_file_composes_with_its_sweep_params(sweep):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow"))
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def group_size_sweep(server, tmp_path_factory):
+def group_size_sweep(mlflow_server, tmp_path_factory):
     """The group-size sweep crossed with two LoRA ranks: a 2 x 2 multirun logged to the server."""
     sweep_dir = tmp_path_factory.mktemp("sweep") / "multirun-test"
     result = rlexp(
         "-m", "--config-dir", "sweeps", "--config-name", "group_size",
         "algorithm.n_samples_per_prompt=2,4", "model.lora.rank=4,8",
-        "logger=mlflow", f"logger.mlflow.tracking_uri={server.uri}", f"hydra.sweep.dir={sweep_dir}", *QUICK,
+        "logger=mlflow", f"logger.mlflow.tracking_uri={mlflow_server.uri}", f"hydra.sweep.dir={sweep_dir}", *QUICK,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return sweep_dir
 
 
 @pytest.mark.slow
-def test_multirun_lands_in_mlflow_with_params_history_and_artifacts(server, group_size_sweep):
-    client = MlflowClient(server.uri)
+def test_multirun_lands_in_mlflow_with_params_history_and_artifacts(mlflow_server, group_size_sweep):
+    client = MlflowClient(mlflow_server.uri)
     experiment = client.get_experiment_by_name("tiny_cpu")
     runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.sweep = '{group_size_sweep.name}'")
     assert len(runs) == 4
@@ -87,10 +78,10 @@ def _all_artifacts(client, run_id, path):
 
 
 @pytest.mark.slow
-def test_report_prints_table_and_plots_the_sweep(server, group_size_sweep, tmp_path):
+def test_report_prints_table_and_plots_the_sweep(mlflow_server, group_size_sweep, tmp_path):
     out = tmp_path / "report"
     result = rlexp(
-        "task=report", f"report.sweep={group_size_sweep.name}", f"report.tracking_uri={server.uri}", f"hydra.run.dir={out}"
+        "task=report", f"report.sweep={group_size_sweep.name}", f"report.tracking_uri={mlflow_server.uri}", f"hydra.run.dir={out}"
     )
     assert result.returncode == 0, result.stderr[-3000:]
     table = [line for line in result.stdout.splitlines() if line.startswith("|")]
@@ -102,14 +93,14 @@ def test_report_prints_table_and_plots_the_sweep(server, group_size_sweep, tmp_p
 
 
 @pytest.mark.slow
-def test_failing_job_does_not_stop_the_sweep_and_is_marked_failed(server, tmp_path):
+def test_failing_job_does_not_stop_the_sweep_and_is_marked_failed(mlflow_server, tmp_path):
     sweep_dir = tmp_path / "multirun-failing"
     result = rlexp(
-        "-m", "model.path=/nonexistent/model,tiny", "logger=mlflow", f"logger.mlflow.tracking_uri={server.uri}",
+        "-m", "model.path=/nonexistent/model,tiny", "logger=mlflow", f"logger.mlflow.tracking_uri={mlflow_server.uri}",
         f"hydra.sweep.dir={sweep_dir}", *QUICK,
     )
     assert result.returncode != 0  # the sweep reports the failure...
-    client = MlflowClient(server.uri)
+    client = MlflowClient(mlflow_server.uri)
     experiment = client.get_experiment_by_name("tiny_cpu")
     runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.sweep = '{sweep_dir.name}'")
     statuses = sorted((r.data.params["model.path"], r.info.status) for r in runs)
@@ -118,11 +109,11 @@ def test_failing_job_does_not_stop_the_sweep_and_is_marked_failed(server, tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed (.ci/run installs it)")
-def test_mlflow_ui_shows_the_sweep_runs(server, group_size_sweep, tmp_path):
-    client = MlflowClient(server.uri)
+def test_mlflow_ui_shows_the_sweep_runs(mlflow_server, group_size_sweep, tmp_path):
+    client = MlflowClient(mlflow_server.uri)
     experiment = client.get_experiment_by_name("tiny_cpu")
     runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.sweep = '{group_size_sweep.name}'")
-    url = f"{server.uri}/#/experiments/{experiment.experiment_id}/runs"
+    url = f"{mlflow_server.uri}/#/experiments/{experiment.experiment_id}/runs"
     browser = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=20000", "--window-size=1400,900"]
     dom = subprocess.run([*browser, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
     for run in runs:

@@ -14,7 +14,7 @@ from rlexp.tracking import JsonlTracker, build_trackers
 from rlexp.tracking.base import git_commit, run_info
 from rlexp.tracking.mlflow_tracker import MlflowTracker
 from rlexp.tracking.wandb_tracker import WandbTracker
-from tracking_fixtures import isolate_wandb, wandb_history, wandb_records
+from tracking_support import isolate_wandb, wandb_history, wandb_records
 
 TARGETS = {
     "mlflow": "rlexp.tracking.mlflow_tracker.MlflowTracker",

@@ -11,15 +11,7 @@ from mlflow import MlflowClient
 from PIL import Image
 
 from rlexp.tracking.mlflow_tracker import MlflowTracker, sanitize_name
-from tracking_fixtures import MlflowServer
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
-    server.start()
-    yield server
-    server.stop()
+from tracking_support import MlflowServer
 
 
 def _info(experiment: str, run_name: str = "run1") -> dict:

@@ -5,7 +5,7 @@ from pathlib import Path
 from PIL import Image
 
 from rlexp.tracking.wandb_tracker import WandbTracker, has_credentials
-from tracking_fixtures import isolate_wandb, wandb_history, wandb_records
+from tracking_support import isolate_wandb, wandb_history, wandb_records
 
 INFO = {"run_name": "run1", "experiment": "exp", "group": "multirun-2026-01-01_00-00-00", "tags": {}}
 

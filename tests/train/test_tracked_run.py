@@ -10,7 +10,7 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import REPO
-from tracking.tracking_fixtures import MlflowServer, isolate_wandb, wandb_history, wandb_records
+from tracking_support import MlflowServer, isolate_wandb, wandb_history, wandb_records
 
 pytestmark = pytest.mark.slow
 
