@@ -66,6 +66,8 @@ class Trainer:
     def __init__(self, cfg: DictConfig, run_dir: Path, trackers):
         self.cfg, self.run_dir, self.trackers = cfg, run_dir, trackers
         self.algo, self.rollout_cfg, self.env_cfg = cfg.algorithm, cfg.rollout, cfg.env
+        #: supervised on BFS-expert trajectories instead of GRPO on the policy's own.
+        self.sft = self.algo.name.value == "sft"
         self.ckpt_root = run_dir / "checkpoints"
         torch.manual_seed(cfg.seed)
         checkpoint = self._checkpoint_to_resume()
@@ -130,24 +132,23 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         algo = self.algo
         mazes = self.stream.next_batch(algo.train_batch_size)
-        group = 1 if algo.name.value == "sft" else algo.n_samples_per_prompt
         t0 = time.perf_counter()
-        if algo.name.value == "sft":
+        if self.sft:
             trajectories = scripted_trajectories(
                 ExpertPolicy(), mazes, self.env_cfg, 1, self.rollout_cfg.max_turns, self.formatter
             )
         else:
             trajectories = run_rollouts(
-                self.engine, self.formatter, mazes, self.env_cfg, group, self._sampling(), self.rollout_cfg.max_turns
+                self.engine, self.formatter, mazes, self.env_cfg, algo.n_samples_per_prompt, self._sampling(),
+                self.rollout_cfg.max_turns,
             )
         t_generate = time.perf_counter() - t0
         rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
-        if algo.name.value == "sft":
-            advantages = torch.ones_like(rewards)
-            keep = torch.ones_like(rewards, dtype=torch.bool)
-        else:
-            advantages = group_advantages(rewards, group, norm_by_std=algo.norm_by_std)
-            keep = nonzero_variance_groups(rewards, group) if algo.drop_zero_variance_groups else torch.ones_like(rewards, dtype=torch.bool)
+        advantages, keep = torch.ones_like(rewards), torch.ones_like(rewards, dtype=torch.bool)
+        if not self.sft:
+            advantages = group_advantages(rewards, algo.n_samples_per_prompt, norm_by_std=algo.norm_by_std)
+            if algo.drop_zero_variance_groups:
+                keep = nonzero_variance_groups(rewards, algo.n_samples_per_prompt)
         samples = [
             Sample(sequence, float(advantages[i]), t.maze_index)
             for i, t in enumerate(trajectories)
@@ -241,7 +242,7 @@ class Trainer:
             mask = batch["loss_mask"]
             width = mask.shape[1]
             old = _pad_rows([s.old_logprobs for s in micro], width).to(self.device)
-            if algo.name.value == "sft":
+            if self.sft:
                 loss = sft_loss(logprobs, mask, token_count)
                 metrics = {}
             else:
