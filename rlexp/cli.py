@@ -11,15 +11,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from rlexp.config import ConfigError, register_configs, schema_keys, validate
+from rlexp.tasks import TASKS
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-
-#: task name -> "module:function" run with the composed config; imported only when chosen.
-TASKS = {
-    "train": "rlexp.train.loop:train",
-    "eval": "rlexp.evaluation.task:evaluate_task",
-    "report": "rlexp.tracking.report:report",
-}
+#: the config groups, shipped inside the package (so a wheel has them too).
+CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 class UnknownKeyError(ValueError):

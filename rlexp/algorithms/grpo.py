@@ -168,12 +168,17 @@ def reduce_loss(
     loss_reduction: LossReduction,
     normalizer: float | Tensor | None = None,
     max_seq_len: int | None = None,
+    sequence_tokens: Tensor | None = None,
 ) -> Tensor:
     """Reduce a token-level loss ``[B, T]`` to a scalar with one of :data:`LOSS_REDUCTIONS`.
 
     ``normalizer``: global masked-token count (``token_mean``) or global sequence count (the
     per-sequence reductions); ``None`` means "this batch is the whole mini-batch".
     ``max_seq_len`` is required by ``seq_mean_token_sum_norm`` (Dr. GRPO's constant).
+    ``sequence_tokens`` ``[B]``: what ``sequence_mean`` divides each row's sum by, by default the row's
+    own masked-token count. When one trajectory spans several rows (a history window gives one row per
+    turn), pass the trajectory's count on each of its rows and count trajectories in ``normalizer``:
+    the rows then add up to one mean per trajectory.
     """
     _check_reduction(loss_reduction)
     if loss_tok.dim() != 2 or loss_mask.shape != loss_tok.shape:
@@ -186,7 +191,8 @@ def reduce_loss(
         return masked_mean(loss_tok, mask, normalizer)
     per_seq_sum = masked_sum(loss_tok, mask, dim=1)
     if loss_reduction == "sequence_mean":
-        per_seq = per_seq_sum / mask.sum(dim=1).clamp(min=1).to(per_seq_sum.dtype)
+        counts = mask.sum(dim=1) if sequence_tokens is None else sequence_tokens
+        per_seq = per_seq_sum / counts.clamp(min=1).to(per_seq_sum.dtype)
     else:  # seq_mean_token_sum_norm
         if max_seq_len is None or max_seq_len <= 0:
             raise ValueError("loss_reduction='seq_mean_token_sum_norm' needs a positive max_seq_len")
@@ -221,6 +227,7 @@ def policy_loss(
     max_seq_len: int | None = None,
     ref_logprobs: Tensor | None = None,
     kl_coef: float = 0.0,
+    sequence_tokens: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped-ratio GRPO loss (to minimise) and detached metrics.
 
@@ -230,7 +237,7 @@ def policy_loss(
         advantages: ``[B]`` (broadcast over the response) or ``[B, T]``.
         loss_mask: ``[B, T]``, 1 on model-generated tokens, 0 on prompt/observation/padding.
         eps_low, eps_high: ratio clipped to ``[1 - eps_low, 1 + eps_high]``.
-        loss_reduction, normalizer, max_seq_len: see :func:`reduce_loss`.
+        loss_reduction, normalizer, max_seq_len, sequence_tokens: see :func:`reduce_loss`.
         ref_logprobs, kl_coef: if ``kl_coef > 0``, adds ``kl_coef * reduce(kl_k3(logprobs, ref))``.
 
     Per token: ``-min(ratio * A, clip(ratio) * A)`` with ``ratio = exp(logprobs - old_logprobs)``.
@@ -258,7 +265,7 @@ def policy_loss(
     surr_unclipped = ratio * advantages
     surr_clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * advantages
     loss_tok = -torch.minimum(surr_unclipped, surr_clipped)
-    pg = reduce_loss(loss_tok, mask, loss_reduction, normalizer, max_seq_len)
+    pg = reduce_loss(loss_tok, mask, loss_reduction, normalizer, max_seq_len, sequence_tokens)
     loss = pg
 
     with torch.no_grad():
@@ -276,7 +283,7 @@ def policy_loss(
 
     if ref_logprobs is not None and kl_coef != 0.0:
         kl_tok = kl_k3(logprobs, ref_logprobs)
-        kl = reduce_loss(kl_tok, mask, loss_reduction, normalizer, max_seq_len)
+        kl = reduce_loss(kl_tok, mask, loss_reduction, normalizer, max_seq_len, sequence_tokens)
         loss = loss + kl_coef * kl
         with torch.no_grad():
             metrics["kl"] = masked_sum(kl_tok, mask) / mask.sum().clamp(min=1)

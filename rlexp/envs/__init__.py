@@ -17,6 +17,7 @@ from rlexp.envs.maze import (
     Maze,
     expert_actions,
     generate_maze,
+    min_expert_steps,
     shortest_path,
 )
 from rlexp.envs.prompts import (
@@ -80,6 +81,7 @@ __all__ = [
     "expert_actions",
     "format_action",
     "generate_maze",
+    "min_expert_steps",
     "instructions",
     "load_pinned",
     "load_pinned_file",

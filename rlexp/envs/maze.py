@@ -184,6 +184,12 @@ def shortest_path(maze: Maze) -> list[int]:
     return moves
 
 
+def min_expert_steps(size: int) -> int:
+    """The fewest steps any maze of this size needs: agent and goal sit in opposite inner corners, so
+    at least the Manhattan distance 2·(size − 3) in moves, plus ``stop``."""
+    return 2 * (size - 3) + 1
+
+
 def expert_actions(maze: Maze) -> list[int]:
     """Shortest path followed by STOP: what the SFT data and the expert policy do."""
     return shortest_path(maze) + [STOP]

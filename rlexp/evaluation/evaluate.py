@@ -37,6 +37,8 @@ class EvalResult:
     #: with k samples per maze: share of mazes solved by at least one sample.
     pass_at_k: float
     samples_per_maze: int
+    #: mazes whose expert solution (moves + stop) fits the turn limit: the success rate's ceiling.
+    solvable: int = 0
     per_maze: list[dict] = field(default_factory=list, repr=False)
 
     def metrics(self, prefix: str = "eval/") -> dict[str, float]:
@@ -44,14 +46,22 @@ class EvalResult:
             "success_rate", "success_ci_low", "success_ci_high", "mean_turns",
             "invalid_action_rate", "optimal_path_ratio", "pass_at_k", "turn_limit",
         )
-        return {f"{prefix}{name}": float(getattr(self, name)) for name in names}
+        metrics = {f"{prefix}{name}": float(getattr(self, name)) for name in names}
+        metrics[f"{prefix}ceiling"] = self.solvable / max(1, self.num_mazes)
+        return metrics
 
     def summary(self) -> str:
         return (
             f"success {self.success_rate:.1%} [{self.success_ci_low:.1%}, {self.success_ci_high:.1%}] "
-            f"on {self.num_mazes} mazes at ≤{self.turn_limit} turns; mean turns {self.mean_turns:.1f}, "
+            f"on {self.num_mazes} mazes at ≤{self.turn_limit} turns{self.ceiling_note()}; mean turns {self.mean_turns:.1f}, "
             f"invalid actions {self.invalid_action_rate:.1%}"
         )
+
+    def ceiling_note(self) -> str:
+        """Empty when every maze is solvable within the turn limit, else the ceiling it leaves."""
+        if self.solvable >= self.num_mazes:
+            return ""
+        return f" (only {self.solvable}/{self.num_mazes} solvable in {self.turn_limit} turns: ceiling {self.solvable / self.num_mazes:.1%})"
 
     def write(self, path: Path) -> None:
         """Per-maze results as JSON lines, then the summary as ``<name>.summary.json``."""
@@ -61,8 +71,14 @@ class EvalResult:
         path.with_suffix(".summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
-def summarize(episodes: list[dict], num_mazes: int, turn_limit: int, samples_per_maze: int) -> EvalResult:
+def solvable_within(mazes: list[Maze], turn_limit: int) -> int:
+    """How many mazes the expert solves (moves + stop) within ``turn_limit`` turns."""
+    return sum(len(expert_actions(maze)) <= turn_limit for maze in mazes)
+
+
+def summarize(episodes: list[dict], mazes: list[Maze], turn_limit: int, samples_per_maze: int) -> EvalResult:
     """Aggregate per-episode rows (keys: maze, success, turns, invalid, expert_length)."""
+    num_mazes = len(mazes)
     solved = [e for e in episodes if e["success"]]
     total_turns = sum(e["turns"] for e in episodes)
     low, high = wilson_interval(len(solved), len(episodes))
@@ -78,6 +94,7 @@ def summarize(episodes: list[dict], num_mazes: int, turn_limit: int, samples_per
         optimal_path_ratio=sum(e["expert_length"] / e["turns"] for e in solved) / len(solved) if solved else 0.0,
         pass_at_k=len(mazes_solved) / max(1, num_mazes),
         samples_per_maze=samples_per_maze,
+        solvable=solvable_within(mazes, turn_limit),
         per_maze=episodes,
     )
 
@@ -98,8 +115,9 @@ def evaluate_model(
         max_new_tokens=rollout_cfg.max_new_tokens_per_turn,
         stop=stop_strings(getattr(env_cfg.action_format, "value", env_cfg.action_format)),
     )
-    trajectories = run_rollouts(engine, formatter, mazes, env_cfg, samples, sampling, rollout_cfg.max_turns, desc="eval")
-    return summarize(episode_rows(trajectories, mazes), len(mazes), rollout_cfg.max_turns, samples), trajectories
+    turns = min(env_cfg.max_steps, rollout_cfg.max_turns)
+    trajectories = run_rollouts(engine, formatter, mazes, env_cfg, samples, sampling, turns, desc="eval")
+    return summarize(episode_rows(trajectories, mazes), mazes, turns, samples), trajectories
 
 
 def episode_rows(trajectories: list[Trajectory], mazes: list[Maze]) -> list[dict]:

@@ -106,6 +106,8 @@ class Sequence:
     loss_mask: list[int]
     engine_logprobs: list[float]
     vision: VisionInputs | None
+    #: the frames behind ``vision``, in prompt order (what an engine that processes images itself gets).
+    images: list[np.ndarray] = field(default_factory=list)
 
 
 def context_tokens(
@@ -127,6 +129,7 @@ def context_tokens(
     mask: list[int] = []
     logprobs: list[float] = []
     visions: list[VisionInputs] = []
+    images: list[np.ndarray] = []
     for j in range(start, turn_index + 1):
         turn = trajectory.turns[j]
         first = j == start
@@ -137,12 +140,13 @@ def context_tokens(
         logprobs += [0.0] * len(segment.token_ids)
         if segment.vision is not None:
             visions.append(segment.vision)
+            images.append(turn.image)
         if j < turn_index or include_reply:
             trained = j == turn_index or train_all_replies
             token_ids += turn.response_ids
             mask += [int(trained)] * len(turn.response_ids)
             logprobs += turn.logprobs if trained else [0.0] * len(turn.response_ids)
-    return Sequence(token_ids, mask, logprobs, VisionInputs.concat(visions))
+    return Sequence(token_ids, mask, logprobs, VisionInputs.concat(visions), images)
 
 
 def training_sequences(formatter: TurnFormatter, trajectory: Trajectory, history_window: int | None) -> list[Sequence]:

@@ -4,6 +4,7 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
 import numpy as np
+import torch
 from tqdm.auto import tqdm
 
 from rlexp.envs import BatchedMazeEnv, Maze, format_action, instructions, step_text, turn_text
@@ -94,7 +95,7 @@ def run_rollouts(
         requests = []
         for i in active:
             context = context_tokens(formatter, trajectories[i], turn_index, env_cfg.history_window)
-            requests.append(GenerationRequest(context.token_ids, context.vision))
+            requests.append(GenerationRequest(context.token_ids, context.images, context.vision))
         return engine.generate(requests, sampling)
 
     return run_episodes(mazes, env_cfg, samples_per_maze, max_turns, reply, desc)
@@ -127,3 +128,15 @@ def scripted_trajectories(
 def _value(option) -> str:
     """Enum-typed config values arrive as enums from a structured config and as str from plain dicts."""
     return getattr(option, "value", option)
+
+
+def rollout_metrics(trajectories: list[Trajectory], rewards: torch.Tensor) -> dict[str, float]:
+    """``rollout/…`` means over one step's episodes."""
+    turns = sum(t.num_turns for t in trajectories)
+    return {
+        "rollout/reward_mean": float(rewards.mean()),
+        "rollout/success_rate": sum(t.success for t in trajectories) / len(trajectories),
+        "rollout/mean_turns": turns / len(trajectories),
+        "rollout/invalid_action_rate": sum(t.num_invalid for t in trajectories) / max(turns, 1),
+        "rollout/response_tokens_mean": sum(len(x.response_ids) for t in trajectories for x in t.turns) / max(turns, 1),
+    }

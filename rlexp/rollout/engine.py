@@ -1,13 +1,15 @@
 """The inference-engine contract shared by the ``hf`` engine (and a vLLM engine to come).
 
 Token ids go in and come out, so that what the trainer later scores is exactly what the engine saw.
-Images travel with each request as the model's processed vision inputs, in the order their
-``<|image_pad|>`` runs appear in the prompt.
+Each request carries its frames (RGB arrays, in the order their ``<|image_pad|>`` runs appear in the
+prompt), so that each engine processes images its own way; a request may also carry those frames
+already processed by the policy's processor, which an in-process engine can use as they are.
 """
 
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 import torch
 
 
@@ -27,20 +29,12 @@ class VisionInputs:
         )
 
 
-def mm_token_type_ids(input_ids: torch.Tensor, model_config) -> torch.Tensor:
-    """0 for text, 1 for image and 2 for video placeholders: Qwen-VL models need it for M-RoPE.
-
-    Without it, transformers silently gives image tokens plain 1-D text positions.
-    """
-    types = torch.zeros_like(input_ids, dtype=torch.int32)
-    types[input_ids == model_config.image_token_id] = 1
-    types[input_ids == model_config.video_token_id] = 2
-    return types
-
-
 @dataclass
 class GenerationRequest:
     prompt_token_ids: list[int]
+    #: the frames of the prompt, [H, W, 3] uint8 each.
+    images: list[np.ndarray] = field(default_factory=list)
+    #: the same frames through the policy's image processor, where the caller has them.
     vision: VisionInputs | None = None
 
 
@@ -57,7 +51,8 @@ class SamplingParams:
 @dataclass
 class GenerationOutput:
     token_ids: list[int]
-    #: log-probability of each generated token under softmax(logits / temperature), no top-p truncation.
+    #: log-probability of each generated token under softmax(logits / temperature) over the tokens the
+    #: engine may emit (``rlexp.models.never_generated_ids`` masked), before any top-p truncation.
     logprobs: list[float]
     text: str
     #: "stop" (EOS or a stop string) or "length" (hit max_new_tokens).

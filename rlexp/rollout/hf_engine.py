@@ -1,9 +1,10 @@
 """``rollout=hf``: transformers ``generate`` in the trainer's process, sharing the policy's weights."""
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from rlexp.rollout.engine import GenerationOutput, GenerationRequest, SamplingParams, VisionInputs, mm_token_type_ids
+from rlexp.models import mm_token_type_ids, never_generated_ids
+from rlexp.rollout.engine import GenerationOutput, GenerationRequest, SamplingParams, VisionInputs
 
 
 class _LogprobRecorder(LogitsProcessor):
@@ -11,16 +12,21 @@ class _LogprobRecorder(LogitsProcessor):
 
     At step s it sees the token chosen at step s-1 (the last column of ``input_ids``) and gathers its
     log-probability from the distribution kept from step s-1; only one step's distribution is held.
-    Custom processors run before temperature/top-p, so the temperature is applied here.
+    It also masks the never-generated ids, so that the distribution it records is the one sampled
+    from. Custom processors run before temperature/top-p (transformers appends the warpers after
+    them), so the temperature is applied here.
     """
 
-    def __init__(self, temperature: float):
+    def __init__(self, temperature: float, suppressed_ids: list[int]):
         self.temperature = temperature if temperature > 0 else 1.0
+        self.suppressed_ids = suppressed_ids
         self.previous: torch.Tensor | None = None
         self.logprobs: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         self.gather(input_ids[:, -1])
+        if self.suppressed_ids:
+            scores = scores.index_fill(-1, torch.tensor(self.suppressed_ids, device=scores.device), float("-inf"))
         self.previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
         return scores
 
@@ -31,20 +37,21 @@ class _LogprobRecorder(LogitsProcessor):
 
 
 class HFEngine:
-    """Batched generation over left-padded prompts; the model object is the trainer's own."""
+    """Batched generation over left-padded prompts; the model object is the trainer's own.
+
+    Generation settings are built here from ``SamplingParams`` alone: nothing in a checkpoint's
+    ``generation_config.json`` (top_k, repetition_penalty, …) is inherited, since the trainer would not
+    score with it.
+    """
 
     def __init__(self, model, processor, static_cache: bool = False):
         self.model = model
+        self.processor = processor
         self.tokenizer = processor.tokenizer
         self.static_cache = static_cache
         self.pad_id = self.tokenizer.pad_token_id
         self.eos_ids = _eos_ids(model, self.tokenizer)
-        # a reply holding an image placeholder would desynchronise tokens and image features
-        self.suppressed_ids = [
-            self.tokenizer.convert_tokens_to_ids(token)
-            for token in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
-            if token in self.tokenizer.get_vocab()
-        ]
+        self.suppressed_ids = never_generated_ids(self.tokenizer)
 
     @property
     def device(self) -> torch.device:
@@ -66,35 +73,53 @@ class HFEngine:
             "attention_mask": attention_mask,
             "mm_token_type_ids": mm_token_type_ids(input_ids, self.model.config),
         }
-        vision = VisionInputs.concat([r.vision for r in requests if r.vision is not None])
+        vision = VisionInputs.concat([self._vision(r) for r in requests if r.images or r.vision is not None])
         if vision is not None:
             inputs.update(pixel_values=vision.pixel_values, image_grid_thw=vision.image_grid_thw)
         inputs = {k: v.to(self.device) for k, v in inputs.items()}
-        recorder = _LogprobRecorder(params.temperature)
-        greedy = params.temperature <= 0
-        sampling = {} if greedy else {"temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
+        recorder = _LogprobRecorder(params.temperature, self.suppressed_ids)
         was_training = self.model.training
         self.model.eval()
+        # transformers fills every unset generation setting from the checkpoint's generation_config.json;
+        # an empty one in its place leaves only what generation_config(params) sets
+        hf_model = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        checkpoint_defaults, hf_model.generation_config = hf_model.generation_config, GenerationConfig()
         try:
             sequences = self.model.generate(
                 **inputs,
-                do_sample=not greedy,
-                **sampling,
-                max_new_tokens=params.max_new_tokens,
-                eos_token_id=self.eos_ids,
-                pad_token_id=self.pad_id,
-                suppress_tokens=self.suppressed_ids or None,
-                stop_strings=params.stop or None,
+                generation_config=self.generation_config(params),
                 tokenizer=self.tokenizer if params.stop else None,
                 logits_processor=LogitsProcessorList([recorder]),
-                cache_implementation="static" if self.static_cache else None,
             )
         finally:
+            hf_model.generation_config = checkpoint_defaults
             self.model.train(was_training)
         new_tokens = sequences[:, length:].cpu()
         recorder.gather(sequences[:, -1])
         logprobs = torch.stack(recorder.logprobs, dim=1).cpu() if recorder.logprobs else None
         return [self._output(new_tokens[row], logprobs[row], params) for row in range(len(requests))]
+
+    def generation_config(self, params: SamplingParams) -> GenerationConfig:
+        """Every setting explicit; greedy when the temperature is 0."""
+        greedy = params.temperature <= 0
+        return GenerationConfig(
+            do_sample=not greedy,
+            temperature=1.0 if greedy else params.temperature,
+            top_p=1.0 if greedy else params.top_p,
+            top_k=0,
+            repetition_penalty=1.0,
+            max_new_tokens=params.max_new_tokens,
+            stop_strings=params.stop or None,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
+            cache_implementation="static" if self.static_cache else None,
+        )
+
+    def _vision(self, request: GenerationRequest) -> VisionInputs:
+        if request.vision is not None:
+            return request.vision
+        processed = self.processor.image_processor(images=request.images, return_tensors="pt")
+        return VisionInputs(processed["pixel_values"], processed["image_grid_thw"])
 
     def _output(self, tokens: torch.Tensor, logprobs: torch.Tensor, params: SamplingParams) -> GenerationOutput:
         """Cut one row at its first EOS (kept) or stop string, dropping the padding after it."""

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -53,6 +54,17 @@ class JsonlTracker:
     def set_tags(self, tags: dict[str, str]) -> None:
         (self.run_dir / "tags.json").write_text(json.dumps(tags, indent=2) + "\n")
 
+    def resume_from(self, step: int) -> None:
+        """Drop the lines logged after checkpoint ``step``: the resumed run logs those steps again."""
+        if not self.metrics_path.is_file():
+            return
+        lines = self.metrics_path.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+        if len(kept) != len(lines):
+            tmp = self.metrics_path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(kept))
+            os.replace(tmp, self.metrics_path)
+
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         with self.metrics_path.open("a") as f:
             f.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
@@ -73,10 +85,14 @@ class Trackers:
 
     def _each(self, method: str, *args) -> None:
         for tracker in self.trackers:
-            try:
-                getattr(tracker, method)(*args)
-            except Exception:
-                log.warning("%s.%s failed; continuing without it", type(tracker).__name__, method, exc_info=True)
+            self._call(tracker, method, *args)
+
+    @staticmethod
+    def _call(tracker, method: str, *args) -> None:
+        try:
+            getattr(tracker, method)(*args)
+        except Exception:
+            log.warning("%s.%s failed; continuing without it", type(tracker).__name__, method, exc_info=True)
 
     def log_params(self, params: dict[str, Any]) -> None:
         self._each("log_params", params)
@@ -86,6 +102,12 @@ class Trackers:
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self._each("log_metrics", metrics, step)
+
+    def resume_from(self, step: int) -> None:
+        """The run continues from its checkpoint at ``step``: what was logged after it is logged again."""
+        for tracker in self.trackers:
+            if hasattr(tracker, "resume_from"):
+                self._call(tracker, "resume_from", step)
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self._each("log_artifact", Path(path), artifact_path)

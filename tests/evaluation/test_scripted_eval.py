@@ -15,7 +15,7 @@ def run(policy, env: str, max_turns: int | None = None):
     cfg = compose_config(f"env={env}")
     mazes = load_pinned(cfg.env.pinned_set)
     turns = max_turns or cfg.env.max_steps
-    return summarize(episode_rows(scripted_trajectories(policy, mazes, cfg.env, 1, turns), mazes), len(mazes), turns, 1)
+    return summarize(episode_rows(scripted_trajectories(policy, mazes, cfg.env, 1, turns), mazes), mazes, turns, 1)
 
 
 @pytest.mark.parametrize("env", ["maze_easy", "maze_hard"])

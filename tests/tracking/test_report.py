@@ -1,6 +1,6 @@
 """The report's table: swept params found, success with its interval, cost only where a price is set."""
 
-from rlexp.tracking.report import RunSummary, _swept_keys, format_table
+from rlexp.tasks.report import RunSummary, _swept_keys, format_table
 
 
 def _summary(name, swept, cost=None):

@@ -4,16 +4,31 @@ import pytest
 import torch
 
 from conftest import compose_config
+from rlexp.tasks.train_grpo import GRPOStep
+from rlexp.tasks.train_sft import SFTStep
 from rlexp.tracking import Trackers
-from rlexp.train import loop
-from rlexp.train.checkpoint import latest_valid_checkpoint, verify_checkpoint
-from rlexp.train.loop import Trainer, TrainingDivergedError
+from rlexp.training import update as update_module
+from rlexp.training.checkpoint import latest_valid_checkpoint, verify_checkpoint
+from rlexp.training.loop import TrainingRun
+from rlexp.training.update import TrainingDivergedError
 
 QUICK = ("name=test", "eval.num_mazes=2", "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=6")
 
 
+class _Trainer:
+    """A training run and its recipe's step, stepped by hand."""
+
+    def __init__(self, tmp_path, *overrides):
+        self.run = TrainingRun(compose_config(*QUICK, *overrides), tmp_path, Trackers([]))
+        self.model = self.run.model
+        self.train_step = (SFTStep if self.run.cfg.algorithm.name.value == "sft" else GRPOStep)(self.run)
+
+    def save(self):
+        return self.run.save()
+
+
 def _trainer(tmp_path, *overrides):
-    return Trainer(compose_config(*QUICK, *overrides), tmp_path, Trackers([]))
+    return _Trainer(tmp_path, *overrides)
 
 
 def _lora_weights(trainer):
@@ -28,7 +43,7 @@ def test_update_changes_only_lora_weights_and_logs_the_step(tmp_path):
     metrics = {}
     for _ in range(5):  # a step can have all-equal rewards (no signal): then try the next
         metrics = trainer.train_step()
-        trainer.step += 1
+        trainer.run.step += 1
         if metrics["train/grad_norm"] > 0:
             break
     assert metrics["train/grad_norm"] > 0
@@ -51,13 +66,13 @@ def test_non_finite_loss_stops_with_clear_error_and_keeps_checkpoint(tmp_path, m
     trainer = _trainer(tmp_path)
     checkpoint = trainer.save()
     before = _lora_weights(trainer)
-    real_token_logprobs = loop.token_logprobs
+    real_token_logprobs = update_module.token_logprobs
 
-    def nan_when_training(model, batch, temperature):
-        logprobs, entropy = real_token_logprobs(model, batch, temperature)
+    def nan_when_training(model, batch, temperature, suppressed_ids=()):
+        logprobs, entropy = real_token_logprobs(model, batch, temperature, suppressed_ids)
         return (logprobs * float("nan") if torch.is_grad_enabled() else logprobs), entropy
 
-    monkeypatch.setattr(loop, "token_logprobs", nan_when_training)
+    monkeypatch.setattr(update_module, "token_logprobs", nan_when_training)
     with pytest.raises(TrainingDivergedError, match="non-finite loss.*checkpoint"):
         trainer.train_step()
     assert verify_checkpoint(checkpoint) is None

@@ -13,7 +13,7 @@ from mlflow import MlflowClient  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from rlexp.tracking.mlflow_tracker import resolve_tracking_uri  # noqa: E402
-from rlexp.train.setup import run_dir_of  # noqa: E402
+from rlexp.runtime import run_dir_of  # noqa: E402
 
 log = logging.getLogger(__name__)
 

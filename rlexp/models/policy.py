@@ -1,20 +1,13 @@
-"""What the train and eval tasks share: the run dir and the policy (base model + LoRA adapter)."""
+"""The policy: a base model by path with a LoRA adapter (saved, fresh from config, or none)."""
 
 from pathlib import Path
 
 import torch
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from peft import PeftModel
 
-from rlexp.models import apply_lora, load_model_and_processor, resolve_model_path
-
-
-def run_dir_of(cfg: DictConfig) -> Path:
-    """Hydra's output dir: ``outputs/<name>/<run_name>`` for a run, ``<sweep dir>/<job number>`` in a multirun."""
-    if HydraConfig.initialized():
-        return Path(HydraConfig.get().runtime.output_dir)
-    return Path("outputs") / cfg.name / cfg.run_name
+from rlexp.models.loading import load_model_and_processor, resolve_model_path
+from rlexp.models.lora import apply_lora
 
 
 def load_policy(
@@ -22,7 +15,7 @@ def load_policy(
 ):
     """The base model with a LoRA adapter: the one saved at ``adapter``, else a fresh one from config
     (``new_adapter``), else none (evaluating the base model)."""
-    if device == "cuda" and not torch.cuda.is_available():
+    if device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError("cluster.device=cuda but no CUDA device is visible; use cluster=local_cpu")
     model, processor = load_model_and_processor(
         resolve_model_path(model_cfg.path),

@@ -3,8 +3,9 @@
 import torch
 
 from rlexp.algorithms.grpo import selective_log_softmax
+from rlexp.models import mm_token_type_ids
 from rlexp.rollout.conversation import Sequence
-from rlexp.rollout.engine import VisionInputs, mm_token_type_ids
+from rlexp.rollout.engine import VisionInputs
 
 
 def collate(sequences: list[Sequence], pad_id: int, model_config, device: torch.device) -> dict[str, torch.Tensor]:
@@ -30,13 +31,19 @@ def collate(sequences: list[Sequence], pad_id: int, model_config, device: torch.
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def token_logprobs(model, batch: dict[str, torch.Tensor], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(
+    model, batch: dict[str, torch.Tensor], temperature: float, suppressed_ids: list[int] = ()
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of each next token under softmax(logits / T), and the entropy there; [B, T-1] each.
 
-    Scored at the rollout temperature so that they match the engine's sampling distribution; the
+    Scored at the temperature the engine sampled with, over the vocabulary it sampled from (the
+    ``suppressed_ids`` it never emits are masked here too), so that the ratio starts at exactly 1; the
     vocabulary-wide log-softmax is taken chunk by chunk, never for the whole batch at once.
     """
     inputs = {k: v for k, v in batch.items() if k != "loss_mask"}
     logits = model(**inputs, use_cache=False).logits[:, :-1]
+    if suppressed_ids:
+        index = torch.tensor(list(suppressed_ids), device=logits.device)
+        logits = logits.index_fill(-1, index, float("-inf"))
     labels = batch["input_ids"][:, 1:]
     return selective_log_softmax(logits, labels, chunk_size=1024, temperature=temperature if temperature > 0 else 1.0)

@@ -37,13 +37,19 @@ def _sha256(path: Path) -> str:
 
 
 def rng_states() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every generator a step draws from: Python, NumPy, torch's CPU and each CUDA device's."""
+    states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
 
 
 def restore_rng_states(states: dict[str, Any]) -> None:
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
     torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 def save_checkpoint(
@@ -113,3 +119,40 @@ def latest_valid_checkpoint(ckpt_root: Path) -> Path | None:
 
 def load_trainer_state(path: Path) -> dict[str, Any]:
     return torch.load(path / "trainer_state.pt", weights_only=False)
+
+
+class ResumeError(RuntimeError):
+    """Resuming would lose or overwrite work; the message names the run dir and the ways on."""
+
+
+def resolve_resume(ckpt_root: Path, resume: str) -> Path | None:
+    """The checkpoint to continue from, or None to start fresh.
+
+    ``latest``: the newest checkpoint that verifies (a fresh start when there is none at all);
+    ``none``: a fresh start, refused where checkpoints exist (they would be overwritten);
+    ``overwrite``: a fresh start that deletes this run dir's checkpoints; anything else: a checkpoint path.
+    """
+    existing = list_checkpoints(ckpt_root)
+    if resume == "overwrite":
+        for path in existing:
+            shutil.rmtree(path)
+        return None
+    if resume == "none":
+        if existing:
+            raise ResumeError(
+                f"resume=none but {ckpt_root} holds checkpoints ({existing[-1].name} newest); starting fresh would "
+                "overwrite them: use resume=latest to continue, resume=overwrite to discard them, or a new run_name"
+            )
+        return None
+    if resume == "latest":
+        found = latest_valid_checkpoint(ckpt_root)
+        if found is None and existing:
+            raise ResumeError(
+                f"every checkpoint in {ckpt_root} is corrupt ({', '.join(p.name for p in existing)}); refusing to start "
+                "over them: use resume=overwrite to discard them, or a new run_name"
+            )
+        return found
+    path = Path(resume)
+    if not (path / "trainer_state.pt").is_file():
+        raise FileNotFoundError(f"resume={resume}: no trainer_state.pt there; give a global_step_N dir")
+    return path

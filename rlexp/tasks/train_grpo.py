@@ -1,0 +1,96 @@
+"""Recipe: GRPO with LoRA — rollouts, group advantages, clipped-ratio update, weight sync.
+
+Each step samples ``train_batch_size`` mazes from a seeded stream disjoint from the pinned set, plays
+``n_samples_per_prompt`` episodes of each with the engine, computes group advantages, scores old
+log-probs with the trainer (and the reference's where ``kl_coef > 0``), updates over mini-batches,
+then hands the new weights to the engine. The loss and its choices are in ``rlexp.algorithms.grpo``.
+"""
+
+import torch
+from omegaconf import DictConfig
+
+from rlexp.algorithms.grpo import group_advantages, nonzero_variance_groups, policy_loss
+from rlexp.rollout.conversation import training_sequences
+from rlexp.rollout.driver import rollout_metrics, run_rollouts, stop_strings
+from rlexp.rollout.engine import SamplingParams
+from rlexp.training.loop import TrainingRun, run_training, timed, turn_limit
+from rlexp.training.update import MicroBatch, Normalizers, Sample
+
+
+def train(cfg: DictConfig) -> float:
+    return run_training(cfg, GRPOStep)
+
+
+class GRPOStep:
+    def __init__(self, run: TrainingRun):
+        self.run = run
+        self.cfg = run.cfg
+        self.algo = run.cfg.algorithm
+        r = self.cfg.rollout
+        self.sampling = SamplingParams(r.temperature, r.top_p, r.max_new_tokens_per_turn, stop_strings(self.cfg.env.action_format.value))
+        #: Dr. GRPO's constant: the most tokens one trajectory can generate.
+        self.max_seq_len = turn_limit(self.cfg) * r.max_new_tokens_per_turn
+
+    def __call__(self) -> dict[str, float]:
+        run, algo = self.run, self.algo
+        mazes = run.stream.next_batch(algo.train_batch_size)
+        trajectories, t_generate = timed(
+            run_rollouts, run.engine, run.formatter, mazes, self.cfg.env, algo.n_samples_per_prompt, self.sampling, turn_limit(self.cfg)
+        )
+        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+        advantages = group_advantages(rewards, algo.n_samples_per_prompt, norm_by_std=algo.norm_by_std)
+        keep = torch.ones_like(rewards, dtype=torch.bool)
+        if algo.drop_zero_variance_groups:
+            keep = nonzero_variance_groups(rewards, algo.n_samples_per_prompt)
+        samples = [
+            Sample(sequence, float(advantages[i]), group=t.maze_index, trajectory=i)
+            for i, t in enumerate(trajectories)
+            if keep[i]
+            for sequence in training_sequences(run.formatter, t, self.cfg.env.history_window)
+        ]
+        metrics: dict[str, float] = {}
+        t_train = 0.0
+        if samples:
+            (gap, t_score) = timed(run.update.score, samples, self.cfg.rollout.temperature, reference=algo.kl_coef > 0)
+            metrics.update(gap)
+            update, t_train = timed(run.update.run, samples, self.loss, self.cfg.rollout.temperature)
+            metrics.update(update)
+            metrics["timing/score_s"] = t_score
+        _, t_sync = timed(run.engine.load_weights)
+        generated = sum(len(turn.response_ids) for t in trajectories for turn in t.turns)
+        return {
+            **rollout_metrics(trajectories, rewards),
+            **metrics,
+            "train/samples": float(len(samples)),
+            "timing/generate_s": t_generate,
+            "timing/train_s": t_train,
+            "timing/sync_s": t_sync,
+            "timing/generate_tokens_per_s": generated / max(t_generate, 1e-9),
+        }
+
+    def loss(self, logprobs: torch.Tensor, micro: MicroBatch, normalizers: Normalizers):
+        algo = self.algo
+        device = logprobs.device
+        width = logprobs.shape[1]
+        old = _pad_rows([s.old_logprobs for s in micro.samples], width).to(device)
+        refs = None
+        if micro.samples[0].ref_logprobs is not None:
+            refs = _pad_rows([s.ref_logprobs for s in micro.samples], width).to(device)
+        reduction = algo.loss_reduction.value
+        # token_mean divides by the mini-batch's tokens; the per-sequence reductions count trajectories
+        normalizer = normalizers.tokens if reduction == "token_mean" else normalizers.trajectories
+        loss, metrics = policy_loss(
+            logprobs, old, torch.tensor([s.advantage for s in micro.samples], device=device), micro.batch["loss_mask"],
+            algo.eps_low, algo.eps_high, reduction, normalizer=normalizer, max_seq_len=self.max_seq_len,
+            ref_logprobs=refs, kl_coef=algo.kl_coef, sequence_tokens=micro.trajectory_tokens,
+        )
+        metrics["kl_loss"] = (loss - metrics["pg_loss"]).detach()
+        return loss, metrics
+
+
+def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    out = torch.zeros(len(rows), width)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
+

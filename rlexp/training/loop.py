@@ -1,0 +1,172 @@
+"""What every training recipe shares: the policy and its optimizer, the maze stream, resume, and the
+step loop with eval and checkpoint scheduling. A recipe (``rlexp/tasks/train_*.py``) supplies the
+step; components (engine, optimizer, lr schedule) come from config through ``_target_``.
+"""
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from rlexp.envs import TrainingMazeStream, load_pinned, min_expert_steps, pinned_layout_hashes
+from rlexp.evaluation.evaluate import EvalResult, evaluate_model, record_eval
+from rlexp.models import load_policy, never_generated_ids
+from rlexp.rollout.conversation import TurnFormatter
+from rlexp.runtime import run_dir_of, seed_everything
+from rlexp.tracking import Trackers, build_trackers
+from rlexp.training.checkpoint import load_trainer_state, resolve_resume, restore_rng_states, save_checkpoint
+from rlexp.training.update import PolicyUpdate
+
+log = logging.getLogger(__name__)
+
+#: () -> one step's metrics; built by a recipe from the run.
+TrainStep = Callable[[], dict[str, float]]
+
+
+def turn_limit(cfg: DictConfig) -> int:
+    """Turns an episode may take: the rollout's cap, never more than the env's step limit."""
+    return min(cfg.env.max_steps, cfg.rollout.max_turns)
+
+
+def stream_limit(cfg: DictConfig) -> int:
+    """Training mazes are drawn solvable within the turn limit, since an unsolvable one only dilutes the
+    loss; where no maze of this size is (a toy run of a few turns), within the env's step limit."""
+    limit = turn_limit(cfg)
+    if limit >= min_expert_steps(cfg.env.size):
+        return limit
+    log.warning(
+        "rollout.max_turns=%d: no %dx%d maze is solvable in so few turns (the fewest need %d); success stays 0 "
+        "and only a format reward can teach anything", cfg.rollout.max_turns, cfg.env.size, cfg.env.size,
+        min_expert_steps(cfg.env.size),
+    )
+    return cfg.env.max_steps
+
+
+class TrainingRun:
+    def __init__(self, cfg: DictConfig, run_dir: Path, trackers: Trackers):
+        self.cfg, self.run_dir, self.trackers = cfg, run_dir, trackers
+        self.ckpt_root = run_dir / "checkpoints"
+        seed_everything(cfg.seed)
+        checkpoint = resolve_resume(self.ckpt_root, cfg.resume)
+        self.model, self.processor = load_policy(
+            cfg.model, cfg.cluster.device, adapter=checkpoint and checkpoint / "policy", trainable=True
+        )
+        self.formatter = TurnFormatter(self.processor)
+        self.engine = instantiate(cfg.rollout.engine, model=self.model, processor=self.processor)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = instantiate(cfg.algorithm.optimizer)(params, lr=cfg.algorithm.lr)
+        self.scheduler = instantiate(cfg.algorithm.lr_scheduler)(self.optimizer, warmup_steps=cfg.algorithm.lr_warmup_steps)
+        self.update = PolicyUpdate(
+            self.model, self.optimizer, self.scheduler, cfg.algorithm, self.processor.tokenizer.pad_token_id,
+            never_generated_ids(self.processor.tokenizer), step_label=lambda: self.step + 1,
+        )
+        self.pinned = load_pinned(cfg.env.pinned_set)[: cfg.eval.num_mazes]
+        self.stream = TrainingMazeStream(cfg.env.size, stream_limit(cfg), cfg.seed, pinned_layout_hashes(cfg.env.pinned_set))
+        self.step = 0
+        self.last_eval: EvalResult | None = None
+        if checkpoint is not None:
+            state = load_trainer_state(checkpoint)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.stream.load_state_dict(state["stream"])
+            self.step = state["step"]
+            restore_rng_states(state["rng"])
+            log.info("resumed from %s at step %d", checkpoint, self.step)
+        self.trackers.resume_from(self.step)
+
+    def fit(self, train_step: TrainStep) -> float:
+        """Steps until ``total_steps``, evaluating and checkpointing on schedule; the final eval's success."""
+        cfg = self.cfg
+        log.info("run dir: %s", self.run_dir)
+        finished = self._finished_eval()
+        if finished is not None:
+            log.info("run already finished at step %d: %s; nothing to do (a new run_name starts another)", self.step, finished.summary())
+            return finished.success_rate
+        if self.step == 0:
+            self.evaluate()
+        while self.step < cfg.total_steps:
+            metrics = train_step()
+            self.step += 1
+            last = self.step == cfg.total_steps
+            self.trackers.log_metrics(metrics, self.step)
+            log.info(_step_line(self.step, cfg.total_steps, metrics))
+            if self.step % cfg.eval_interval == 0 or last:
+                self.evaluate()
+            if self.step % cfg.ckpt_interval == 0 or last:
+                path = self.save()
+                self.trackers.set_tags({"checkpoint": str(path.resolve())})
+                log.info("checkpoint: %s", path)
+        if self.last_eval is None:
+            self.evaluate()
+        log.info("done: %s; run dir %s", self.last_eval.summary(), self.run_dir)
+        return self.last_eval.success_rate
+
+    def _finished_eval(self) -> EvalResult | None:
+        """The final eval of a run resumed at its last step, read back instead of run and logged again."""
+        if self.step < self.cfg.total_steps:
+            return None
+        summary = self.eval_path(self.step).with_suffix(".summary.json")
+        if not summary.is_file():
+            return None
+        return EvalResult(**json.loads(summary.read_text()))
+
+    def eval_path(self, step: int) -> Path:
+        return self.run_dir / "eval" / f"step_{step:06d}.jsonl"
+
+    def evaluate(self) -> EvalResult:
+        cfg = self.cfg
+        start = time.perf_counter()
+        result, trajectories = evaluate_model(self.engine, self.formatter, self.pinned, cfg.env, cfg.rollout, cfg.eval)
+        self.trackers.log_metrics({"timing/eval_s": time.perf_counter() - start}, self.step)
+        path = self.eval_path(self.step)
+        record_eval(result, trajectories, self.pinned, path, self.trackers, self.step, cfg.env.cell_px)
+        log.info("eval at step %d: %s (%s)", self.step, result.summary(), path)
+        self.last_eval = result
+        return result
+
+    def save(self) -> Path:
+        state = {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "stream": self.stream.state_dict(),
+        }
+        return save_checkpoint(self.ckpt_root, self.step, self.model, state, self.cfg, self.cfg.keep_last_ckpts)
+
+
+def run_training(cfg: DictConfig, make_step: Callable[[TrainingRun], TrainStep]) -> float:
+    """Build the run and its trackers, fit with the recipe's step, and always close the trackers
+    (FINISHED, or FAILED on an exception) so that one failed job does not kill a sweep."""
+    run_dir = run_dir_of(cfg)
+    trackers = build_trackers(cfg.logger, run_dir, cfg)
+    status = "FAILED"
+    try:
+        run = TrainingRun(cfg, run_dir, trackers)
+        result = run.fit(make_step(run))
+        status = "FINISHED"
+        return result
+    finally:
+        trackers.finish(status)
+
+
+def timed(fn, *args, **kwargs):
+    """(fn(*args, **kwargs), seconds it took)."""
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, time.perf_counter() - start
+
+
+def _step_line(step: int, total: int, m: dict[str, float]) -> str:
+    def get(key: str, spec: str) -> str:
+        return format(m[key], spec) if key in m else "n/a"
+
+    return (
+        f"step {step}/{total} | reward {get('rollout/reward_mean', '.3f')} success {get('rollout/success_rate', '.1%')} "
+        f"| loss {get('train/loss', '.4f')} kl {get('train/kl', '.4f')} entropy {get('train/entropy', '.3f')} "
+        f"grad_norm {get('train/grad_norm', '.3f')} | {get('timing/generate_tokens_per_s', '.0f')} tok/s "
+        f"| generate {get('timing/generate_s', '.1f')}s train {get('timing/train_s', '.1f')}s sync {get('timing/sync_s', '.2f')}s"
+    )
+
