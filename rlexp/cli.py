@@ -9,6 +9,7 @@ option ends with one line naming it and what is valid. After composition, ``prep
 import difflib
 import importlib
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlexp.config import COMPUTE_TASKS, ConfigError, check_machine, register_configs, schema_keys, schema_node, validate
+from rlexp.config import COMPUTE_TASKS, ConfigError, register_configs, schema_keys, schema_node, validate
 from rlexp.tasks import TASKS
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,34 @@ def prepare(cfg: DictConfig) -> None:
     validate(cfg)
     if task in COMPUTE_TASKS and not (task == "eval" and cfg.eval.policy.value != "model"):
         check_machine(cfg)
+
+
+def check_machine(cfg: Any) -> None:
+    """What ``cluster`` promises, checked against this machine before any model loads: the device exists
+    and has at least ``gpu_memory_gb``, and the host at least ``cpu_memory_gb`` (5% slack for GB/GiB
+    rounding in vendors' figures)."""
+    cluster = cfg.cluster
+    host_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    if host_gb < 0.95 * cluster.cpu_memory_gb:
+        raise ConfigError(
+            f"cluster.cpu_memory_gb={cluster.cpu_memory_gb} but this machine has {host_gb:.1f} GB; pick the cluster "
+            "option that matches it"
+        )
+    if not str(cluster.device).startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"cluster.device={cluster.device} but no CUDA device is visible here; use cluster=local_cpu")
+    index = int(cluster.device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise ConfigError(f"cluster.device={cluster.device} but this machine has {torch.cuda.device_count()} CUDA devices")
+    device_gb = torch.cuda.get_device_properties(index).total_memory / 1e9
+    if device_gb < 0.95 * cluster.gpu_memory_gb:
+        raise ConfigError(
+            f"cluster.gpu_memory_gb={cluster.gpu_memory_gb} but cuda:{index} has {device_gb:.1f} GB; pick the cluster "
+            "option that matches it"
+        )
 
 
 def run_task(cfg: DictConfig):
