@@ -7,12 +7,15 @@ count mazes, ``micro_batch_size`` counts trajectories per GPU per forward.
 """
 
 import dataclasses
+import re
+import typing
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 
 class Task(str, Enum):
@@ -67,11 +70,28 @@ class EvalPolicy(str, Enum):
     noisy_expert = "noisy_expert"
 
 
+#: attention kernels transformers accepts by name.
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+#: W&B run modes (null: ``$WANDB_MODE``, else by credentials).
+WANDB_MODES = ("online", "offline", "disabled")
+#: ``cluster.device``: the trainer's torch device.
+DEVICE_PATTERN = r"cpu|cuda(:[0-9]+)?"
+
+
+def ranged(default: Any, interval: str | None = None, *, choices: tuple[str, ...] | None = None, pattern: str | None = None):
+    """A field whose valid values live beside it: ``interval`` as in maths (``"(0, 1]"``, ``"[1, inf)"``),
+    or ``choices`` / a regex ``pattern`` for strings. ``validate`` checks every one (null passes)."""
+    metadata = {key: value for key, value in (("range", interval), ("choices", choices), ("pattern", pattern)) if value}
+    return field(default=default, metadata=metadata)
+
+
 @dataclass
 class LoraConfig:
-    rank: int = 32
-    alpha: int = 32
-    dropout: float = 0.0
+    rank: int = ranged(32, "[1, 1024]")
+    #: the update is scaled by alpha / rank.
+    alpha: int = ranged(32, "[1, 4096]")
+    #: must be 0 with GRPO (old log-probs are scored without dropout); SFT may use it.
+    dropout: float = ranged(0.0, "[0, 1)")
     #: "all-linear-language" = every linear layer of the language model (vision tower frozen), or a list of names.
     target_modules: Any = "all-linear-language"
 
@@ -81,26 +101,29 @@ class ModelConfig:
     #: a local directory or hub id; "tiny" builds the toy Qwen3-VL locally (no download).
     path: str = MISSING
     dtype: DType = DType.float32
-    attn_implementation: str = "sdpa"
+    attn_implementation: str = ranged("sdpa", choices=ATTN_IMPLEMENTATIONS)
     gradient_checkpointing: bool = False
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
 class EnvConfig:
-    #: maze side in cells, outer wall ring included (odd).
-    size: int = 9
-    #: step limit of one episode; ``stop`` counts as a step.
-    max_steps: int = 20
-    cell_px: int = 25
+    #: maze side in cells, outer wall ring included (odd); must match the pinned set's mazes.
+    size: int = ranged(9, "[5, 31]")
+    #: step limit of one episode; ``stop`` counts as a step. At least ``min_expert_steps(size)``.
+    max_steps: int = ranged(20, "[1, 1000]")
+    #: pixels per cell. At least 8 (the agent's circle stays a visible blob and a 5x5 maze still spans
+    #: the vision tower's 32 px merged patch); at most 64 (an 11x11 image is then 704 px, 484 vision
+    #: tokens per turn, 4x the seed's 25 px; beyond that only memory grows).
+    cell_px: int = ranged(25, "[8, 64]")
     #: images kept in the model's context: null = the whole history, k = the last k turns.
-    history_window: Optional[int] = None
+    history_window: Optional[int] = ranged(None, "[1, 1000]")
     action_format: ActionFormat = ActionFormat.visgym_tuple
     prompt: PromptStyle = PromptStyle.visgym
     terminate_on_goal: bool = False
     #: share of the reward given for well-formed actions; 0 = the true task reward alone.
-    format_reward: float = 0.0
-    #: which pinned 64-maze set evaluation reads.
+    format_reward: float = ranged(0.0, "[0, 1)")
+    #: which pinned 64-maze set evaluation reads (``rlexp.envs.PINNED_SETS``).
     pinned_set: str = "maze_easy"
 
 
@@ -110,7 +133,7 @@ class OptimizerConfig:
 
     _target_: str = "torch.optim.AdamW"
     _partial_: bool = True
-    weight_decay: float = 0.0
+    weight_decay: float = ranged(0.0, "[0, 1]")
 
 
 @dataclass
@@ -124,27 +147,29 @@ class LrSchedulerConfig:
 @dataclass
 class AlgorithmConfig:
     name: AlgorithmName = AlgorithmName.grpo
-    #: group size G: trajectories per maze.
-    n_samples_per_prompt: int = 8
+    #: group size G: trajectories per maze (GRPO; SFT ignores it and plays one expert trajectory per maze).
+    n_samples_per_prompt: int = ranged(8, "[1, 1024]")
     #: mazes per training step.
-    train_batch_size: int = 32
-    #: mazes per optimizer step.
-    policy_mini_batch_size: int = 16
+    train_batch_size: int = ranged(32, "[1, inf)")
+    #: mazes per optimizer step; divides train_batch_size.
+    policy_mini_batch_size: int = ranged(16, "[1, inf)")
     #: trajectories (training sequences) per forward pass.
-    micro_batch_size: int = 4
-    lr: float = 3e-5
+    micro_batch_size: int = ranged(4, "[1, inf)")
+    lr: float = ranged(3e-5, "(0, 1]")
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     lr_scheduler: LrSchedulerConfig = field(default_factory=LrSchedulerConfig)
-    lr_warmup_steps: int = 0
-    epochs_per_step: int = 1
-    eps_low: float = 0.2
-    eps_high: float = 0.2
+    lr_warmup_steps: int = ranged(0, "[0, inf)")
+    epochs_per_step: int = ranged(1, "[1, 100]")
+    #: the ratio is clipped to [1 - eps_low, 1 + eps_high].
+    eps_low: float = ranged(0.2, "(0, 1)")
+    eps_high: float = ranged(0.2, "(0, 10]")
     loss_reduction: LossReduction = LossReduction.token_mean
     norm_by_std: bool = True
     #: drop groups whose rewards are all equal (they carry no GRPO signal) from the update.
     drop_zero_variance_groups: bool = False
-    kl_coef: float = 0.0
-    max_grad_norm: float = 1.0
+    #: weight of the k3 KL to the base model, as a loss term; 0 = no reference pass.
+    kl_coef: float = ranged(0.0, "[0, 100]")
+    max_grad_norm: float = ranged(1.0, "(0, inf)")
 
 
 @dataclass
@@ -159,28 +184,35 @@ class EngineConfig:
 @dataclass
 class RolloutConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
-    temperature: float = 0.7
-    top_p: float = 1.0
-    #: model turns per episode; ``stop`` counts as a turn. Capped by ``env.max_steps``.
-    max_turns: int = 15
-    max_new_tokens_per_turn: int = 1024
-    gpu_memory_utilization: float = 0.45
-    sleep_level: int = 1
+    #: sampling temperature of training rollouts (greedy evaluation is ``eval.greedy``).
+    temperature: float = ranged(0.7, "(0, 10]")
+    top_p: float = ranged(1.0, "(0, 1]")
+    #: model turns per episode; ``stop`` counts as a turn. At most ``env.max_steps``.
+    max_turns: int = ranged(15, "[1, 1000]")
+    max_new_tokens_per_turn: int = ranged(1024, "[1, 32768]")
 
 
 @dataclass
 class ClusterConfig:
-    nodes: int = 1
-    gpus_per_node: int = 0
-    gpu_memory_gb: float = 0.0
-    cpu_memory_gb: float = 24.0
+    """Only one local process runs today: ``launcher=local``, ``nodes × gpus_per_node ≤ 1``; the rest
+    is refused by ``validate`` until the launchers and FSDP2 exist."""
+
+    nodes: int = ranged(1, "[1, inf)")
+    #: 0 with ``device=cpu``, 1 with ``device=cuda[:N]``.
+    gpus_per_node: int = ranged(0, "[0, inf)")
+    #: memory of each GPU (GB); the run refuses to start on a GPU with less. 0 = no GPU.
+    gpu_memory_gb: float = ranged(0.0, "[0, inf)")
+    #: host memory (GB); the run refuses to start on a machine with less.
+    cpu_memory_gb: float = ranged(0.0, "[0, inf)")
+    #: the Ray head's instance type (for launcher=ray; not implemented yet: must be null).
     head: Optional[str] = None
+    #: storage every node sees (for multi-node runs; not implemented yet: must be null).
     shared_storage: Optional[str] = None
     launcher: Launcher = Launcher.local
-    #: USD per node-hour; null unless the user sets it.
-    price_per_hour: Optional[float] = None
-    #: torch device of the trainer and the in-process engine.
-    device: str = "cpu"
+    #: USD per node-hour, for the coming ``task=plan``; must be null until then.
+    price_per_hour: Optional[float] = ranged(None, "[0, inf)")
+    #: torch device of the trainer and the in-process engine: cpu, cuda or cuda:N.
+    device: str = ranged("cpu", pattern=DEVICE_PATTERN)
 
 
 @dataclass
@@ -188,11 +220,11 @@ class EvalConfig:
     #: greedy (temperature 0) = one reproducible number per checkpoint.
     greedy: bool = True
     #: with greedy=false: samples per maze at the rollout temperature (mean success and pass@k).
-    samples_per_maze: int = 1
+    samples_per_maze: int = ranged(1, "[1, 1024]")
     #: evaluate the first n pinned mazes (64 = the whole pinned set; fewer only for quick checks).
-    num_mazes: int = 64
+    num_mazes: int = ranged(64, "[1, 64]")
     #: for the scripted ``noisy_expert`` policy: probability of the expert's move.
-    expert_prob: float = 0.5
+    expert_prob: float = ranged(0.5, "[0, 1]")
     policy: EvalPolicy = EvalPolicy.model
 
 
@@ -209,20 +241,65 @@ class ReportConfig:
 
 
 @dataclass
+class MlflowTrackerConfig:
+    """Options of ``rlexp.tracking.mlflow_tracker.MlflowTracker`` (see its docstring)."""
+
+    _target_: str = "rlexp.tracking.mlflow_tracker.MlflowTracker"
+    #: null: ``$MLFLOW_TRACKING_URI``, else sqlite:///<abs outputs/>/mlflow.db.
+    tracking_uri: Optional[str] = None
+    #: null: the config's ``name``.
+    experiment_name: Optional[str] = None
+    #: for an experiment this creates; null: the server's, or mlartifacts/ beside a sqlite db.
+    artifact_location: Optional[str] = None
+    #: extra run tags.
+    tags: dict[str, str] = field(default_factory=dict)
+    #: finish() waits at most this long for an unreachable server.
+    flush_timeout_s: float = ranged(30.0, "[0, 3600]")
+    #: per request; no MLflow-level retries (the journal retries later).
+    http_timeout_s: int = ranged(5, "[1, 600]")
+    #: first wait after a failure; doubles up to 60 s.
+    retry_interval_s: float = ranged(5.0, "(0, 600]")
+
+
+@dataclass
+class WandbTrackerConfig:
+    """Options of ``rlexp.tracking.wandb_tracker.WandbTracker`` (see its docstring)."""
+
+    _target_: str = "rlexp.tracking.wandb_tracker.WandbTracker"
+    project: str = "rlexp"
+    #: null: your default entity.
+    entity: Optional[str] = None
+    #: null: the multirun sweep, else none.
+    group: Optional[str] = None
+    #: extra tags; the chosen config options and git commit are added as key=value.
+    tags: list[str] = field(default_factory=list)
+    #: online | offline | disabled; null: ``$WANDB_MODE``, else by credentials.
+    mode: Optional[str] = ranged(None, choices=WANDB_MODES)
+
+
+@dataclass
+class LoggerConfig:
+    """The trackers the ``logger`` group selects (``logger=[mlflow,wandb]``); an unselected one is null."""
+
+    mlflow: Optional[MlflowTrackerConfig] = None
+    wandb: Optional[WandbTrackerConfig] = None
+
+
+@dataclass
 class Config:
     task: Task = Task.train
     #: the experiment's name; the run dir is ``outputs/<name>/<run_name>``.
     name: str = "default"
-    seed: int = 0
+    seed: int = ranged(0, "[0, 2147483647]")
     #: the run dir's name (a timestamp unless given); rerunning with the same name resumes that run.
     run_name: str = MISSING
     #: "latest" (newest complete checkpoint of this run dir), "none" (refused where checkpoints exist),
-    #: "overwrite" (discard this run dir's checkpoints), or a checkpoint path.
+    #: "overwrite" (discard this run dir's checkpoints), or an existing checkpoint path.
     resume: str = "latest"
-    total_steps: int = 2
-    eval_interval: int = 10
-    ckpt_interval: int = 20
-    keep_last_ckpts: int = 3
+    total_steps: int = ranged(2, "[1, inf)")
+    eval_interval: int = ranged(10, "[1, inf)")
+    ckpt_interval: int = ranged(20, "[1, inf)")
+    keep_last_ckpts: int = ranged(3, "[1, inf)")
     #: for task=eval: a checkpoint dir (or adapter dir) to evaluate.
     checkpoint: Optional[str] = None
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -232,70 +309,250 @@ class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
-    #: trackers by name, each with a ``_target_``; the ``logger`` group fills it.
-    logger: dict[str, Any] = field(default_factory=dict)
+    #: trackers, each built from its ``_target_``; the ``logger`` group fills it.
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
 
 
 def register_configs() -> None:
     ConfigStore.instance().store(name="config_schema", node=Config)
 
 
-def schema_keys(path: str) -> list[str] | None:
-    """The valid keys under a dotted path of the schema, or None if ``path`` is not a dataclass node."""
+def field_type(tp: Any) -> Any:
+    """``Optional[X]`` -> ``X``; anything else as is."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if typing.get_origin(tp) is typing.Union and len(args) == 1 else tp
+
+
+def schema_node(path: str) -> Any:
+    """The dataclass at a dotted path of the schema (``""`` = the root), or None where ``path`` is not one."""
     node: Any = Config
     for part in filter(None, path.split(".")):
         fields = {f.name: f for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) else {}
         if part not in fields:
             return None
-        node = fields[part].type
-    return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else None
+        node = field_type(fields[part].type)
+    return node if dataclasses.is_dataclass(node) else None
+
+
+def schema_keys(path: str) -> list[str] | None:
+    """The valid keys under a dotted path of the schema, or None if ``path`` is not a dataclass node."""
+    node = schema_node(path)
+    return [f.name for f in dataclasses.fields(node)] if node is not None else None
+
+
+def schema_leaves(node: Any = Config, prefix: str = "") -> list[tuple[str, dataclasses.Field]]:
+    """Every leaf key of the schema (``algorithm.optimizer.weight_decay``) with its field."""
+    leaves = []
+    for f in dataclasses.fields(node):
+        sub = field_type(f.type)
+        if dataclasses.is_dataclass(sub):
+            leaves += schema_leaves(sub, f"{prefix}{f.name}.")
+        else:
+            leaves.append((f"{prefix}{f.name}", f))
+    return leaves
 
 
 class ConfigError(ValueError):
-    """A setting, or a combination of settings, that cannot run; the message names the keys."""
+    """A setting, or a combination of settings, that cannot run; the message is one line naming the keys."""
+
+
+def in_interval(value: float, interval: str) -> bool:
+    """Whether ``value`` lies in ``interval``, written as in maths: ``"(0, 1]"``, ``"[1, inf)"``."""
+    low, high = (float(bound) for bound in interval[1:-1].split(","))
+    above = value > low or (interval[0] == "[" and value == low)
+    below = value < high or (interval[-1] == "]" and value == high)
+    return above and below
+
+
+def _show(value: Any) -> str:
+    """A value as it is written on the command line."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return value.value if isinstance(value, Enum) else "null" if value is None else str(value)
+
+
+def _check_fields(node: Any, schema: Any, prefix: str = "") -> None:
+    """Each field's own range, choices or pattern (see ``ranged``), recursively."""
+    for f in dataclasses.fields(schema):
+        sub = field_type(f.type)
+        if not f.metadata and not dataclasses.is_dataclass(sub):
+            continue  # nothing to check (and ``name`` resolves only inside a Hydra app)
+        key, value = f"{prefix}{f.name}", node[f.name]
+        if dataclasses.is_dataclass(sub):
+            if value is not None:
+                _check_fields(value, sub, f"{key}.")
+            continue
+        if value is None:
+            continue
+        if "range" in f.metadata and not in_interval(value, f.metadata["range"]):
+            raise ConfigError(f"{key}={_show(value)} is out of range; valid: {f.metadata['range']}")
+        if "choices" in f.metadata and value not in f.metadata["choices"]:
+            raise ConfigError(f"{key}={value} is not a valid choice; valid: {', '.join(f.metadata['choices'])}")
+        if "pattern" in f.metadata and not re.fullmatch(f.metadata["pattern"], str(value)):
+            raise ConfigError(f"{key}={value} is not valid; expected {f.metadata['pattern'].replace('|', ' | ')}")
+
+
+#: tasks that load a model and run on ``cluster``.
+COMPUTE_TASKS = ("train", "eval")
+#: algorithm keys only GRPO reads, with the value SFT needs (an SFT run with another value would ignore
+#: it). ``n_samples_per_prompt`` is not among them: experiments size it for GRPO, and SFT plays one
+#: expert trajectory per maze whatever it says.
+GRPO_ONLY = {
+    "eps_low": 0.2,
+    "eps_high": 0.2,
+    "norm_by_std": False,
+    "drop_zero_variance_groups": False,
+    "kl_coef": 0.0,
+    "loss_reduction": LossReduction.token_mean,
+}
+RESUME_MODES = ("latest", "none", "overwrite")
 
 
 def validate(cfg: Any) -> None:
-    """Cross-key checks the schema cannot express; run before any model loads."""
-    algo, rollout, env = cfg.algorithm, cfg.rollout, cfg.env
-    positive = {
-        "algorithm.n_samples_per_prompt": algo.n_samples_per_prompt,
-        "algorithm.train_batch_size": algo.train_batch_size,
-        "algorithm.policy_mini_batch_size": algo.policy_mini_batch_size,
-        "algorithm.micro_batch_size": algo.micro_batch_size,
-        "algorithm.epochs_per_step": algo.epochs_per_step,
-        "rollout.max_turns": rollout.max_turns,
-        "rollout.max_new_tokens_per_turn": rollout.max_new_tokens_per_turn,
-        "env.max_steps": env.max_steps,
-        "env.cell_px": env.cell_px,
-        "eval_interval": cfg.eval_interval,
-        "ckpt_interval": cfg.ckpt_interval,
-        "keep_last_ckpts": cfg.keep_last_ckpts,
-        "eval.samples_per_maze": cfg.eval.samples_per_maze,
-    }
-    for key, value in positive.items():
-        if value < 1:
-            raise ConfigError(f"{key}={value} must be at least 1")
+    """Refuse, with one line naming the key, its value and what is valid, any setting that cannot run or
+    that nothing reads yet. Run before any model loads; reads only the config (``rlexp.cli.check_machine``
+    checks the machine)."""
+    _check_fields(cfg, Config)
+    if cfg.task.value in COMPUTE_TASKS:
+        _check_cluster(cfg.cluster)
+    _check_strings(cfg)
+    _check_env(cfg.env)
+    _check_algorithm(cfg)
+    _check_run(cfg)
+    _check_targets(cfg)
+
+
+def _check_cluster(cluster: Any) -> None:
+    if cluster.launcher != Launcher.local:
+        raise ConfigError(f"cluster.launcher={cluster.launcher.value} is not implemented yet; use local")
+    processes = cluster.nodes * cluster.gpus_per_node
+    if cluster.nodes > 1 or processes > 1:
+        raise ConfigError(
+            f"cluster.nodes={cluster.nodes} x cluster.gpus_per_node={cluster.gpus_per_node}: one process runs "
+            "today (sharding over GPUs with FSDP2 is not implemented yet); use nodes=1 and gpus_per_node=0 or 1"
+        )
+    for key in ("head", "shared_storage", "price_per_hour"):
+        if cluster[key] is not None:
+            raise ConfigError(
+                f"cluster.{key}={cluster[key]} is not read yet (multi-node runs and task=plan are not implemented); "
+                "leave it null"
+            )
+    on_gpu = str(cluster.device).startswith("cuda")
+    if on_gpu != (cluster.gpus_per_node == 1):
+        raise ConfigError(
+            f"cluster.device={cluster.device} with cluster.gpus_per_node={cluster.gpus_per_node}: "
+            "use device=cpu with 0 GPUs, or device=cuda[:N] with 1"
+        )
+    if not on_gpu and cluster.gpu_memory_gb:
+        raise ConfigError(f"cluster.gpu_memory_gb={cluster.gpu_memory_gb} with cluster.device=cpu: no GPU to check; use 0")
+
+
+def _check_strings(cfg: Any) -> None:
+    for key in ("model.path", "run_name", "logger.wandb.project"):
+        value = OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
+        if value is not None and not str(value).strip():
+            raise ConfigError(f"{key} is empty; give a non-empty value")
+    targets = cfg.model.lora.target_modules
+    names = [targets] if isinstance(targets, str) else list(targets) if OmegaConf.is_list(targets) else None
+    if not names or not all(isinstance(name, str) and name for name in names):
+        raise ConfigError(
+            f"model.lora.target_modules={targets} must be 'all-linear-language' or a non-empty list of module names"
+        )
+
+
+def _check_env(env: Any) -> None:
+    from rlexp.envs.maze import min_expert_steps
+    from rlexp.envs.pinned import PINNED_SETS
+
+    if env.size % 2 == 0:
+        raise ConfigError(f"env.size={env.size} must be odd (it includes the wall ring); valid: 5, 7, 9, 11, ...")
+    if env.pinned_set not in PINNED_SETS:
+        raise ConfigError(f"env.pinned_set={env.pinned_set} is not a pinned set; valid: {', '.join(PINNED_SETS)}")
+    pinned_size = PINNED_SETS[env.pinned_set]["size"]
+    if env.size != pinned_size:
+        raise ConfigError(
+            f"env.size={env.size} does not match env.pinned_set={env.pinned_set} ({pinned_size}x{pinned_size} mazes); "
+            f"use env.size={pinned_size} or another env option"
+        )
+    fewest = min_expert_steps(env.size)
+    if env.max_steps < fewest:
+        raise ConfigError(
+            f"env.max_steps={env.max_steps} is below {fewest}, the fewest steps any {env.size}x{env.size} maze "
+            f"needs (moves + stop); valid: [{fewest}, 1000]"
+        )
+
+
+def _check_algorithm(cfg: Any) -> None:
+    algo, rollout = cfg.algorithm, cfg.rollout
     if algo.train_batch_size % algo.policy_mini_batch_size:
         raise ConfigError(
             f"algorithm.policy_mini_batch_size={algo.policy_mini_batch_size} must divide "
             f"algorithm.train_batch_size={algo.train_batch_size} (both count mazes)"
         )
-    if algo.name.value == "grpo" and algo.n_samples_per_prompt == 1 and algo.norm_by_std:
+    if rollout.max_turns > cfg.env.max_steps:
         raise ConfigError(
-            "algorithm.n_samples_per_prompt=1 with algorithm.norm_by_std=true: a group of one has no std; "
-            "use a group size of at least 2 or set algorithm.norm_by_std=false"
-        )
-    if env.size < 5 or env.size % 2 == 0:
-        raise ConfigError(f"env.size={env.size} must be odd and at least 5 (it includes the wall ring)")
-    if env.history_window is not None and env.history_window < 1:
-        raise ConfigError(f"env.history_window={env.history_window} must be null (all images) or at least 1")
-    if not 0.0 <= env.format_reward < 1.0:
-        raise ConfigError(f"env.format_reward={env.format_reward} must be in [0, 1)")
-    if not 1 <= cfg.eval.num_mazes <= 64:
-        raise ConfigError(f"eval.num_mazes={cfg.eval.num_mazes} must be between 1 and 64 (the pinned set)")
-    if rollout.max_turns > env.max_steps:
-        raise ConfigError(
-            f"rollout.max_turns={rollout.max_turns} exceeds env.max_steps={env.max_steps}; "
+            f"rollout.max_turns={rollout.max_turns} exceeds env.max_steps={cfg.env.max_steps}; "
             "an episode cannot take more turns than the env allows"
         )
+    if algo.name == AlgorithmName.sft:
+        for key, needed in GRPO_ONLY.items():
+            if algo[key] != needed:
+                raise ConfigError(
+                    f"algorithm.{key}={_show(algo[key])} is read by GRPO only; with algorithm.name=sft use {_show(needed)}"
+                )
+        return
+    if algo.n_samples_per_prompt < 2:
+        raise ConfigError(
+            f"algorithm.n_samples_per_prompt={algo.n_samples_per_prompt} with algorithm.name=grpo: a group of one "
+            "has zero advantage (r - mean = 0) and, with norm_by_std, no std; use a group size of at least 2"
+        )
+    if cfg.model.lora.dropout > 0:
+        raise ConfigError(
+            f"model.lora.dropout={cfg.model.lora.dropout} with algorithm.name=grpo: old log-probs are scored without "
+            "dropout and new ones with it, which biases the clipped ratio; use 0 (SFT may use dropout)"
+        )
+
+
+def _check_run(cfg: Any) -> None:
+    task = cfg.task.value
+    if cfg.resume not in RESUME_MODES and not Path(cfg.resume).exists():
+        raise ConfigError(
+            f"resume={cfg.resume} is neither {', '.join(RESUME_MODES)} nor an existing checkpoint path"
+        )
+    if cfg.checkpoint is not None:
+        if task != "eval":
+            raise ConfigError(f"checkpoint={cfg.checkpoint} is read by task=eval only; to continue training use resume=<path>")
+        if not Path(cfg.checkpoint).exists():
+            raise ConfigError(f"checkpoint={cfg.checkpoint} does not exist")
+    if cfg.eval.greedy and cfg.eval.samples_per_maze != 1:
+        raise ConfigError(
+            f"eval.samples_per_maze={cfg.eval.samples_per_maze} is read only with eval.greedy=false (greedy eval plays "
+            "each maze once)"
+        )
+    if task == "train" and cfg.eval.policy != EvalPolicy.model:
+        raise ConfigError(f"eval.policy={cfg.eval.policy.value} is read by task=eval only; training evaluates the model")
+
+
+def _check_targets(cfg: Any) -> None:
+    """``_partial_`` nodes are called with more arguments later, so must stay partial; a ``_target_`` other
+    than the schema's default must import (the default ones are tested; importing them here is slow)."""
+    for key in ("algorithm.optimizer", "algorithm.lr_scheduler"):
+        if not OmegaConf.select(cfg, f"{key}._partial_"):
+            raise ConfigError(f"{key}._partial_=false: it is called with its arguments later; use true")
+    nodes = {
+        "algorithm.optimizer": OptimizerConfig,
+        "algorithm.lr_scheduler": LrSchedulerConfig,
+        "rollout.engine": EngineConfig,
+        "logger.mlflow": MlflowTrackerConfig,
+        "logger.wandb": WandbTrackerConfig,
+    }
+    for key, schema in nodes.items():
+        target = OmegaConf.select(cfg, f"{key}._target_")
+        if target is None or target == schema._target_:
+            continue
+        from hydra.utils import _locate
+
+        try:
+            _locate(target)
+        except Exception:  # ImportError, with a multi-line message
+            raise ConfigError(f"{key}._target_={target} cannot be imported (no such module or attribute)") from None

@@ -123,6 +123,8 @@ def build_trackers(logger_cfg: DictConfig, run_dir: Path, config: DictConfig) ->
     info = run_info(run_dir, config)
     trackers: list[Tracker] = [JsonlTracker(run_dir)]
     for spec in (logger_cfg or {}).values():
+        if spec is None:  # a tracker the ``logger`` group did not select
+            continue
         trackers.append(instantiate(spec, run_dir=str(run_dir), run_info=info, _convert_="all"))
     result = Trackers(trackers)
     result.log_params(flatten(OmegaConf.to_container(config, resolve=True, enum_to_str=True)))
