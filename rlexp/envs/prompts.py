@@ -157,4 +157,9 @@ def history_head(instructions_text: str, text: str) -> str:
     """
     if instructions_text in text:
         return text
-    return instructions_text + _FEEDBACK_RE.sub("", text)
+    return instructions_text + drop_feedback(text)
+
+
+def drop_feedback(text: str) -> str:
+    """``text`` without its "Environment feedback: …" part (VisGym's regex, up to "This is step")."""
+    return _FEEDBACK_RE.sub("", text)
