@@ -106,6 +106,18 @@ class ModelConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
+class ImageFormat(str, Enum):
+    auto = "auto"
+    jpeg = "jpeg"
+    png = "png"
+
+
+class HistoryStyle(str, Enum):
+    auto = "auto"
+    visgym = "visgym"
+    last_k = "last_k"
+
+
 @dataclass
 class EnvConfig:
     #: maze side in cells, outer wall ring included (odd); must match the pinned set's mazes.
@@ -125,6 +137,12 @@ class EnvConfig:
     format_reward: float = ranged(0.0, "[0, 1)")
     #: which pinned 64-maze set evaluation reads (``rlexp.envs.PINNED_SETS``).
     pinned_set: str = "maze_easy"
+    #: frames the model sees: jpeg (VisGym's: quality 75, 4:2:0) | png (exact pixels); auto = jpeg iff prompt=visgym.
+    image_format: ImageFormat = ImageFormat.auto
+    #: history_window=k keeps k earlier turns + the current one (visgym) or the last k (last_k); auto = visgym iff prompt=visgym.
+    history_style: HistoryStyle = HistoryStyle.auto
+    #: ask for <think>…</think><answer>…</answer>, read the first answer (VisGym); null = on iff prompt=visgym.
+    elicit_verbalization: Optional[bool] = None
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The maze environment: generation, rules, rendering, action parsing, prompts, pinned eval sets.
+"""The maze environment: generation, rules, rendering, action parsing, prompts, the model's view, pinned eval sets.
 
 VisGym ``maze_2d`` semantics (see ``maze``, ``batch``, ``prompts``), deterministic everywhere, stepped
 in batches with NumPy; gymnasium and skyrl-gym adapters in ``gym_env``.
@@ -22,8 +22,11 @@ from rlexp.envs.maze import (
 )
 from rlexp.envs.prompts import (
     ACTION_EXECUTED,
+    ELICIT_SUFFIX,
     PROMPTS,
     WALL_BUMP,
+    drop_feedback,
+    history_head,
     instructions,
     step_text,
     task_prompt,
@@ -31,6 +34,7 @@ from rlexp.envs.prompts import (
 )
 from rlexp.envs.render import BatchRenderer, render
 from rlexp.envs.scripted import ExpertPolicy, NoisyExpertPolicy, RandomPolicy
+from rlexp.envs.view import HISTORY_STYLES, IMAGE_FORMATS, ModelView, encode_frame, model_frame
 
 _PINNED_NAMES = (
     "PINNED_SETS",
@@ -55,6 +59,9 @@ def __getattr__(name: str):
 __all__ = [
     "ACTION_EXECUTED",
     "ACTION_FORMATS",
+    "ELICIT_SUFFIX",
+    "HISTORY_STYLES",
+    "IMAGE_FORMATS",
     "MOVE_DOWN",
     "MOVE_LEFT",
     "MOVE_RIGHT",
@@ -71,6 +78,7 @@ __all__ = [
     "Maze",
     "MazeEnv",
     "MazeGymEnv",
+    "ModelView",
     "NoisyExpertPolicy",
     "PinnedSetChanged",
     "RandomPolicy",
@@ -78,10 +86,14 @@ __all__ = [
     "StepResult",
     "TrainingMazeStream",
     "Transition",
+    "drop_feedback",
+    "encode_frame",
     "expert_actions",
     "format_action",
     "generate_maze",
+    "history_head",
     "min_expert_steps",
+    "model_frame",
     "instructions",
     "load_pinned",
     "load_pinned_file",

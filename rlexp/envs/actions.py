@@ -4,15 +4,24 @@
 box/think markers and "Action:" labels; quote a bare first identifier, ``(move, 0)``; take the
 last parenthesised span that ``ast.literal_eval`` turns into a tuple whose first item is a str)
 and then its env's validation of that tuple, with the same feedback strings. So the last
-*action-shaped* tuple decides: ``('move', 0) ... ('move', 9)`` is invalid, as in VisGym. When the
-text holds ``<answer>`` the part inside the last one is read (VisGym reads the first).
+*action-shaped* tuple decides: ``('move', 0) ... ('move', 9)`` is invalid, as in VisGym. When no
+span is action-shaped, ``parse_output`` hands the text on unchanged and the env's ``step`` calls
+``ast.literal_eval`` on it, so a bare ``'move', 0`` (no parentheses) is the action ``('move', 0)``
+and ``0`` or ``'move', 0, 1`` get the env's tuple-shape error.
+
+With ``elicit=True`` (VisGym's ``--elicit-verbalization``) only the text inside the FIRST
+``<answer>`` is read (to the end of the text when it is not closed), as VisGym's
+``vlm_out.split("<answer>")[1].split("</answer>")[0]``; text without ``<answer>`` is read whole.
+Without elicitation ``<answer>`` tags are ordinary text, as in VisGym.
 
 ``action_tag`` follows SkyRL's instruct recipe: the last ``<action>word</action>`` (case-insensitive)
 decides; an unknown word makes the action invalid.
 
 Parsing never raises on model text. Cost is bounded for any input: only the last 8 KiB of the
 relevant text is scanned, spans longer than 256 characters are skipped (no action is that long),
-and at most 64 spans are given to ``ast.literal_eval`` (never ``eval``).
+at most 64 spans are given to ``ast.literal_eval`` (never ``eval``), and the bare-tuple reading
+is tried only on text of at most 8 KiB that holds at most 256 characters besides surrounding
+whitespace.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from rlexp.envs.prompts import (
     unknown_action_name,
 )
 
-__all__ = ["ACTION_FORMATS", "parse_action", "format_action", "check_action_format"]
+__all__ = ["ACTION_FORMATS", "answer_region", "parse_action", "format_action", "check_action_format"]
 
 _MAX_SCAN_CHARS = 8192
 _MAX_SPAN_CHARS = 256
@@ -54,17 +63,30 @@ def check_action_format(action_format: str) -> None:
         raise ValueError(f"unknown action_format {action_format!r}; choose one of {ACTION_FORMATS}")
 
 
-def parse_action(text: str, action_format: str) -> tuple[int | None, str | None]:
+def parse_action(text: str, action_format: str, elicit: bool = False) -> tuple[int | None, str | None]:
     """``(action, None)`` for a valid action, else ``(None, feedback)`` with the env's error text.
 
+    ``elicit``: the prompt asked for ``<think>…</think><answer>…</answer>``; read the first answer.
     Raises ValueError only for an unknown ``action_format``; any ``text`` is safe.
     """
     check_action_format(action_format)
     if not isinstance(text, str):
         return None, INVALID_ACTION
+    if elicit:
+        text = answer_region(text)
     if action_format == "action_tag":
         return _parse_tag(text)
     return _parse_tuple(text)
+
+
+def answer_region(text: str) -> str:
+    """VisGym's answer extraction: inside the first ``<answer>`` (to the end if unclosed), else all."""
+    opening = text.find("<answer>")
+    if opening < 0:
+        return text
+    region = text[opening + len("<answer>") :]
+    closing = region.find("</answer>")
+    return region if closing < 0 else region[:closing]
 
 
 def format_action(action: int, action_format: str) -> str:
@@ -86,17 +108,23 @@ def _parse_tag(text: str) -> tuple[int | None, str | None]:
 
 
 def _parse_tuple(text: str) -> tuple[int | None, str | None]:
-    region = text
-    opening = text.rfind("<answer>")
-    if opening >= 0:
-        region = text[opening + len("<answer>") :]
-        closing = region.find("</answer>")
-        if closing >= 0:
-            region = region[:closing]
-    action_tuple = _last_action_tuple(_normalize(region[-_MAX_SCAN_CHARS:]))
+    action_tuple = _last_action_tuple(_normalize(text[-_MAX_SCAN_CHARS:]))
     if action_tuple is None:
-        return None, cannot_parse(region)
+        return _parse_bare(text)
     return _validate(action_tuple)
+
+
+def _parse_bare(text: str) -> tuple[int | None, str | None]:
+    """VisGym's env ``step``: ``ast.literal_eval`` of the text itself, so ``'move', 0`` is a tuple."""
+    if len(text) > _MAX_SCAN_CHARS or len(text.strip()) > _MAX_SPAN_CHARS:
+        return None, cannot_parse(text)
+    try:
+        value = ast.literal_eval(text)
+    except Exception:  # VisGym: "Cannot parse action string ..."
+        return None, cannot_parse(text)
+    if not isinstance(value, tuple) or len(value) != 2:
+        return None, TUPLE_SHAPE_ERROR
+    return _validate(value)
 
 
 def _normalize(text: str) -> str:

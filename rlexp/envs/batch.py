@@ -13,6 +13,8 @@ Rules (VisGym ``maze_2d`` plus its interactor's step limit):
 - ``format_reward`` (default 0, off) mixes in a share for well-formed actions, as SkyRL's SFT recipe
   did with 0.2: final reward = (1 - format_reward) * task + format_reward * (valid actions / steps).
   ``success`` is always the true task success, never the mixed reward.
+- ``elicit_verbalization=True``: model text is read inside its first ``<answer>`` (VisGym's
+  ``--elicit-verbalization``; see ``actions``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class BatchedMazeEnv:
         terminate_on_goal: bool = False,
         format_reward: float = 0.0,
         action_format: str = "visgym_tuple",
+        elicit_verbalization: bool = False,
     ):
         if size < 5 or size % 2 == 0:
             raise ValueError(f"size must be odd and at least 5, got {size}")
@@ -74,6 +77,7 @@ class BatchedMazeEnv:
         self.terminate_on_goal = terminate_on_goal
         self.format_reward = float(format_reward)
         self.action_format = action_format
+        self.elicit_verbalization = bool(elicit_verbalization)
         self._renderer = BatchRenderer(cell_px)
         self.mazes: list[Maze] = []
 
@@ -183,7 +187,7 @@ class BatchedMazeEnv:
             if a is None:
                 errors[i] = INVALID_ACTION
             elif isinstance(a, str):
-                parsed, error = parse_action(a, self.action_format)
+                parsed, error = parse_action(a, self.action_format, self.elicit_verbalization)
                 if parsed is None:
                     errors[i] = error
                 else:

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import base64
-import io
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from PIL import Image
 
 from rlexp.envs.batch import MazeEnv, Transition
 from rlexp.envs.maze import STOP, Maze, generate_maze
 from rlexp.envs.prompts import task_prompt, turn_text
+from rlexp.envs.view import ModelView, encode_frame
 
 
 class MazeGymEnv(gym.Env):
@@ -22,6 +21,8 @@ class MazeGymEnv(gym.Env):
     pinned sets; ``reset()`` without a seed draws the maze seed from the env's ``np_random``;
     ``options={"maze": maze}`` plays a given maze. ``terminated`` means the episode ended by STOP
     (or by reaching the goal with ``terminate_on_goal``), ``truncated`` by the step limit.
+    Observations are the exact rendered frames; ``elicit_verbalization`` reads text actions inside
+    their first ``<answer>``.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
@@ -35,6 +36,7 @@ class MazeGymEnv(gym.Env):
         terminate_on_goal: bool = False,
         format_reward: float = 0.0,
         action_format: str = "visgym_tuple",
+        elicit_verbalization: bool = False,
     ):
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be 'rgb_array' or None, got {render_mode!r}")
@@ -47,6 +49,7 @@ class MazeGymEnv(gym.Env):
             terminate_on_goal=terminate_on_goal,
             format_reward=format_reward,
             action_format=action_format,
+            elicit_verbalization=elicit_verbalization,
         )
         side = size * cell_px
         self.observation_space = gym.spaces.Box(0, 255, (side, side, 3), dtype=np.uint8)
@@ -81,11 +84,11 @@ class MazeGymEnv(gym.Env):
         return info
 
 
-def image_message(text: str, image: np.ndarray) -> dict[str, Any]:
-    """An OpenAI-format user message with ``text`` and a PNG data-URL image (as SkyRL builds it)."""
-    buf = io.BytesIO()
-    Image.fromarray(image).save(buf, format="PNG")
-    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+def image_message(text: str, image: np.ndarray, image_format: str = "png") -> dict[str, Any]:
+    """An OpenAI-format user message with ``text`` and a data-URL image: PNG as SkyRL builds it, or
+    JPEG as VisGym's ``OpenAIVLM.query`` sends it (``data:image/jpeg;base64,`` of ``encode_frame``)."""
+    data = encode_frame(image, image_format)
+    url = f"data:image/{image_format};base64," + base64.b64encode(data).decode("ascii")
     return {
         "role": "user",
         "content": [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}],
@@ -96,9 +99,11 @@ class SkyRLMazeEnv:
     """skyrl-gym ``BaseTextEnv``-shaped adapter (``init`` / ``step``), without importing skyrl-gym.
 
     ``extras`` keys: ``maze`` (a ``Maze`` or its ``to_dict()``) or ``seed``; ``size`` (9),
-    ``max_steps`` (20), ``prompt`` ("visgym"), ``action_format`` ("visgym_tuple"), and optionally
-    ``cell_px``, ``terminate_on_goal``, ``format_reward``. The first user turn is
-    ``task_prompt(...)``, later ones ``turn_text(feedback, ...)``, each with the new image.
+    ``max_steps`` (20), ``prompt`` ("visgym"), ``action_format`` ("visgym_tuple"), ``image_format``
+    and ``elicit_verbalization`` ("auto" / None: VisGym's JPEG and elicitation iff prompt is
+    "visgym"; see ``ModelView``), and optionally ``cell_px``, ``terminate_on_goal``,
+    ``format_reward``. The first user turn is ``task_prompt(...)``, later ones
+    ``turn_text(feedback, ...)``, each with the new image. The history is SkyRL's to keep.
     ``env_config`` is accepted for skyrl-gym's constructor signature and unused.
     """
 
@@ -116,18 +121,30 @@ class SkyRLMazeEnv:
         self.max_steps = extras.pop("max_steps", 20)
         self.prompt = extras.pop("prompt", "visgym")
         self.action_format = extras.pop("action_format", "visgym_tuple")
-        self._env = MazeEnv(maze.size, self.max_steps, action_format=self.action_format, **extras)
+        self.view = ModelView.resolve(
+            self.prompt,
+            image_format=extras.pop("image_format", "auto"),
+            elicit_verbalization=extras.pop("elicit_verbalization", None),
+        )
+        self._env = MazeEnv(
+            maze.size,
+            self.max_steps,
+            action_format=self.action_format,
+            elicit_verbalization=self.view.elicit_verbalization,
+            **extras,
+        )
 
     def init(self, prompt: Any = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         image = self._env.reset(self.maze)
-        text = task_prompt(self.prompt, self.action_format, self.max_steps, size=self.maze.size)
-        return [image_message(text, image)], {}
+        text = task_prompt(
+            self.prompt, self.action_format, self.max_steps, size=self.maze.size, elicit=self.view.elicit_verbalization
+        )
+        return [image_message(text, image, self.view.image_format)], {}
 
     def step(self, action: str) -> dict[str, Any]:
         t = self._env.step(action)
-        observations = (
-            [] if t.done else [image_message(turn_text(t.feedback, self._env.steps, self.max_steps), t.image)]
-        )
+        text = turn_text(t.feedback, self._env.steps, self.max_steps)
+        observations = [] if t.done else [image_message(text, t.image, self.view.image_format)]
         metadata = {"env_feedback": t.feedback, "success": t.success, "valid": t.valid, "steps": self._env.steps}
         return {"observations": observations, "reward": t.reward, "done": t.done, "metadata": metadata}
 

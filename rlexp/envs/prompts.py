@@ -5,10 +5,15 @@ Wording is VisGym ``maze_2d``'s (``get_prompt``, ``step``) and its interactor's
 ``examples/train/visgym`` recipes. A conversation is built as VisGym builds it:
 
 - first user turn (with the first image): ``task_prompt(...)`` = instructions + "\\n" + step text;
-- every later user turn (with the new image): ``turn_text(feedback, step, max_steps)``.
+- every later user turn (with the new image): ``turn_text(feedback, step, max_steps)``;
+- with ``elicit=True`` (VisGym's ``--elicit-verbalization``) the instructions end with ``ELICIT_SUFFIX``;
+- when VisGym's history window cuts the conversation, the oldest kept turn becomes
+  ``history_head(instructions, text)``.
 """
 
 from __future__ import annotations
+
+import re
 
 PROMPTS = ("visgym", "skyrl_instruct")
 #: also exported by ``actions``; defined here so this module depends on nothing.
@@ -46,8 +51,8 @@ def not_in_action_space(payload: object, name: str) -> str:
     return f"The action {_clip(str(payload))} is not in the valid action space of {name} so nothing is executed."
 
 
-def unknown_action_name(name: str) -> str:
-    return f"The action name '{_clip(name)}' is not recognized in the available action space."
+def unknown_action_name(name: object) -> str:
+    return f"The action name '{_clip(str(name))}' is not recognized in the available action space."
 
 
 # --- task instructions --------------------------------------------------------------------------
@@ -105,8 +110,13 @@ _SKYRL_FORMAT_INSTRUCTION = {
 }
 
 
-def instructions(prompt: str, action_format: str, size: int) -> str:
-    """The task description alone (VisGym's ``get_prompt()`` for ``visgym`` + ``visgym_tuple``)."""
+#: VisGym's ``Interactor._xml_prompt()``, appended to the instructions with ``--elicit-verbalization``.
+ELICIT_SUFFIX = "\n\nVerbalize your reasoning in <think>…</think> and give the final result in <answer>…</answer>."
+
+
+def instructions(prompt: str, action_format: str, size: int, elicit: bool = False) -> str:
+    """The task description alone (VisGym's ``get_prompt()`` for ``visgym`` + ``visgym_tuple``),
+    plus ``ELICIT_SUFFIX`` when ``elicit``."""
     if prompt not in PROMPTS:
         raise ValueError(f"unknown prompt {prompt!r}; choose one of {PROMPTS}")
     if action_format not in ACTION_FORMATS:
@@ -114,7 +124,7 @@ def instructions(prompt: str, action_format: str, size: int) -> str:
     text = "\n\n".join((_SCENE.format(size=size), _ACTIONS[action_format], _SUCCESS, _EXAMPLES[action_format]))
     if prompt == "skyrl_instruct":
         text += _SKYRL_FORMAT_INSTRUCTION[action_format]
-    return text
+    return (text + ELICIT_SUFFIX) if elicit else text
 
 
 def step_text(step: int, max_steps: int) -> str:
@@ -125,11 +135,31 @@ def step_text(step: int, max_steps: int) -> str:
     return f"This is step {step + 1}. You are allowed to take {max_steps - step - 1} more steps."
 
 
-def task_prompt(prompt: str, action_format: str, max_steps: int, *, size: int) -> str:
+def task_prompt(prompt: str, action_format: str, max_steps: int, *, size: int, elicit: bool = False) -> str:
     """The complete text of the first user turn: instructions + "\\n" + ``step_text(0, max_steps)``."""
-    return instructions(prompt, action_format, size) + "\n" + step_text(0, max_steps)
+    return instructions(prompt, action_format, size, elicit) + "\n" + step_text(0, max_steps)
 
 
 def turn_text(feedback: str, step: int, max_steps: int) -> str:
     """Text of a later user turn (VisGym with ``include_env_feedback``); ``step`` as in ``step_text``."""
     return f"Environment feedback: {feedback}\n\n{step_text(step, max_steps)}"
+
+
+_FEEDBACK_RE = re.compile(r"(?s)Environment feedback:.*?(?=This is step)")
+
+
+def history_head(instructions_text: str, text: str) -> str:
+    """The oldest turn VisGym keeps once ``num_interaction_history`` cuts the conversation.
+
+    VisGym's ``BaseVLM.prune_conversation_history`` rewrites that user message in place: unless it
+    already holds the instructions, it deletes ``Environment feedback: … `` up to "This is step" and
+    puts the instructions in front, with no separator (so "…`('stop', 'stop')`This is step 3. …").
+    """
+    if instructions_text in text:
+        return text
+    return instructions_text + drop_feedback(text)
+
+
+def drop_feedback(text: str) -> str:
+    """``text`` without its "Environment feedback: …" part (VisGym's regex, up to "This is step")."""
+    return _FEEDBACK_RE.sub("", text)

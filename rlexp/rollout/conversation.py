@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
+from rlexp.envs import HISTORY_STYLES, drop_feedback, history_head
 from rlexp.rollout.engine import VisionInputs
 
 _TEXT = "\x00TEXT\x00"
@@ -27,6 +28,7 @@ class Segment:
 class Turn:
     """One observation (image + text) and the model's reply to it."""
 
+    #: the frame as the model saw it (after the ``env.image_format`` round trip).
     image: np.ndarray
     text: str
     #: the agent's (row, col) when this observation was made.
@@ -35,7 +37,7 @@ class Turn:
     logprobs: list[float] = field(default_factory=list)
     response_text: str = ""
     valid: bool = False
-    #: tokenized observation, by (first in context, previous reply ended with EOS).
+    #: tokenized observation, by (first in context, previous reply ended with EOS, its text).
     encoded: dict = field(default_factory=dict, repr=False)
 
 
@@ -43,6 +45,7 @@ class Turn:
 class Trajectory:
     maze_index: int
     sample_index: int
+    #: the task instructions (VisGym's ``get_prompt()``, plus the elicitation suffix when asked).
     task_prompt: str
     turns: list[Turn] = field(default_factory=list)
     reward: float = 0.0
@@ -50,6 +53,12 @@ class Trajectory:
     num_invalid: int = 0
     #: the agent's (row, col) after the last turn.
     final_position: tuple[int, int] = (0, 0)
+    #: how a history window cuts this conversation (``env.history_style``): "visgym" or "last_k".
+    history_style: str = "last_k"
+
+    def __post_init__(self):
+        if self.history_style not in HISTORY_STYLES:
+            raise ValueError(f"unknown history_style {self.history_style!r}; choose one of {HISTORY_STYLES}")
 
     @property
     def num_turns(self) -> int:
@@ -73,7 +82,7 @@ class TurnFormatter:
         return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
     def encode(self, turn: Turn, text: str, first: bool, after_eos: bool) -> Segment:
-        key = (first, after_eos)
+        key = (first, after_eos, text)
         if key not in turn.encoded:
             if first:
                 prefix, suffix = self.first_prefix, self.first_suffix
@@ -92,10 +101,39 @@ def _user(text: str) -> dict:
     return {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}
 
 
-def observation_text(trajectory: Trajectory, turn_index: int, first_in_context: bool) -> str:
-    """The turn's text; the first turn of a context always carries the task prompt."""
+def window_start(trajectory: Trajectory, turn_index: int, history_window: int | None) -> int:
+    """The first turn in the context of ``turn_index``.
+
+    ``None``: the whole episode. k with ``last_k``: the last k turns (k >= 1). k with ``visgym``: k
+    earlier turns and the current one, as VisGym's ``prune_conversation_history(k)`` keeps the last
+    2k messages (k user/assistant pairs) before the current user message is added (k >= 0).
+    """
+    if history_window is None:
+        return 0
+    if trajectory.history_style == "visgym":
+        return max(0, turn_index - history_window)
+    return max(0, turn_index - history_window + 1)
+
+
+def observation_text(
+    trajectory: Trajectory, turn_index: int, first_in_context: bool, history_window: int | None = None
+) -> str:
+    """The turn's text as the model reads it; the first turn of a context always carries the task prompt.
+
+    The episode's first turn reads ``task_prompt + "\\n" + step text`` in every style. A later turn
+    that opens a cut context reads ``task_prompt + "\\n" + its text`` with ``last_k``; with
+    ``visgym`` it is VisGym's rewrite, ``history_head`` (its feedback dropped, the instructions put in
+    front with no separator), and with a window of 0 (VisGym rebuilds each turn as a first turn)
+    ``task_prompt + "\\n" + step text``, without the feedback.
+    """
     text = trajectory.turns[turn_index].text
-    return f"{trajectory.task_prompt}\n{text}" if first_in_context else text
+    if not first_in_context:
+        return text
+    if turn_index == 0 or trajectory.history_style == "last_k":
+        return f"{trajectory.task_prompt}\n{text}"
+    if history_window == 0:
+        return f"{trajectory.task_prompt}\n{drop_feedback(text)}"
+    return history_head(trajectory.task_prompt, text)
 
 
 @dataclass
@@ -120,11 +158,12 @@ def context_tokens(
 ) -> Sequence:
     """The context the model saw at ``turn_index`` (plus that turn's reply when ``include_reply``).
 
-    With a history window of k, the context starts k turns back and its first observation carries
-    the task prompt. Loss mask: 1 on the last reply, and on earlier replies too when
-    ``train_all_replies`` (valid only with the full history, where every earlier context is a prefix).
+    With a history window of k, the context starts where ``window_start`` says (by the trajectory's
+    ``history_style``) and its first observation carries the task prompt (``observation_text``).
+    Loss mask: 1 on the last reply, and on earlier replies too when ``train_all_replies`` (valid only
+    with the full history, where every earlier context is a prefix).
     """
-    start = 0 if history_window is None else max(0, turn_index - history_window + 1)
+    start = window_start(trajectory, turn_index, history_window)
     token_ids: list[int] = []
     mask: list[int] = []
     logprobs: list[float] = []
@@ -134,7 +173,7 @@ def context_tokens(
         turn = trajectory.turns[j]
         first = j == start
         after_eos = not first and bool(trajectory.turns[j - 1].response_ids) and trajectory.turns[j - 1].response_ids[-1] == formatter.eos_id
-        segment = formatter.encode(turn, observation_text(trajectory, j, first), first, after_eos)
+        segment = formatter.encode(turn, observation_text(trajectory, j, first, history_window), first, after_eos)
         token_ids += segment.token_ids
         mask += [0] * len(segment.token_ids)
         logprobs += [0.0] * len(segment.token_ids)

@@ -7,7 +7,16 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from rlexp.envs import BatchedMazeEnv, Maze, format_action, instructions, step_text, turn_text
+from rlexp.envs import (
+    BatchedMazeEnv,
+    Maze,
+    ModelView,
+    format_action,
+    instructions,
+    model_frame,
+    step_text,
+    turn_text,
+)
 from rlexp.rollout.conversation import Trajectory, Turn, TurnFormatter, context_tokens
 from rlexp.rollout.engine import GenerationOutput, GenerationRequest, InferenceEngine, SamplingParams
 
@@ -28,7 +37,11 @@ def run_episodes(
 
     Episodes end independently, on ``stop`` or at the turn limit (``max_turns``, at most the env's
     ``max_steps``). Every reply is stepped through the env, malformed ones as invalid actions.
+    Each turn records the frame as the model sees it (``env.image_format``); the prompt asks for
+    ``<think>…</think><answer>…</answer>`` with ``env.elicit_verbalization`` (see ``ModelView``).
     """
+    view = ModelView.from_config(env_cfg)
+    action_format = _value(env_cfg.action_format)
     episodes = [maze for maze in mazes for _ in range(samples_per_maze)]
     # A turn limit below the env's step limit truncates episodes there, as the env's own limit would
     # (task reward 0, the format share still paid); the prompt keeps stating the env's limit, as VisGym's.
@@ -38,11 +51,17 @@ def run_episodes(
         cell_px=env_cfg.cell_px,
         terminate_on_goal=env_cfg.terminate_on_goal,
         format_reward=env_cfg.format_reward,
-        action_format=_value(env_cfg.action_format),
+        action_format=action_format,
+        elicit_verbalization=view.elicit_verbalization,
     )
-    prompt = instructions(_value(env_cfg.prompt), _value(env_cfg.action_format), env_cfg.size)
+    prompt = instructions(_value(env_cfg.prompt), action_format, env_cfg.size, view.elicit_verbalization)
     trajectories = [
-        Trajectory(maze_index=i // samples_per_maze, sample_index=i % samples_per_maze, task_prompt=prompt)
+        Trajectory(
+            maze_index=i // samples_per_maze,
+            sample_index=i % samples_per_maze,
+            task_prompt=prompt,
+            history_style=view.history_style,
+        )
         for i in range(len(episodes))
     ]
     images = env.reset(episodes)
@@ -58,7 +77,8 @@ def run_episodes(
             else:
                 text = turn_text(feedback[i], turn_index, env_cfg.max_steps)
             position = tuple(int(x) for x in env.agent_pos[i])
-            trajectories[i].turns.append(Turn(image=images[i].copy(), text=text, position=position))
+            image = model_frame(images[i], view.image_format)
+            trajectories[i].turns.append(Turn(image=image, text=text, position=position))
         outputs = reply(env, episodes, active, trajectories, turn_index)
         actions: list[str | None] = [None] * len(episodes)
         for i, output in zip(active, outputs):

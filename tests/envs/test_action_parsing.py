@@ -51,7 +51,8 @@ def test_unknown_format_names_the_choices():
         ("I could go ('move', 1) but ('move', 0) is better.", MOVE_RIGHT),  # last wins
         ("(('move', 0), 'x')", MOVE_RIGHT),  # the inner span starts last
         ("<think>('move', 1)</think><answer>('move', 2)</answer>", MOVE_LEFT),
-        ("<answer>('move', 1)</answer> text <answer>('stop', 'stop')</answer>", STOP),  # last answer
+        # without elicitation <answer> is ordinary text (VisGym): the last tuple decides
+        ("<answer>('move', 1)</answer> text <answer>('stop', 'stop')</answer>", STOP),
         ("<answer>```('move', 3)```", MOVE_DOWN),  # unclosed answer: read to the end
         ("<|begin_of_box|>('move', 0)<|end_of_box|>", MOVE_RIGHT),
         ("('stop', 'now')", STOP),  # VisGym's stop payload is Text(4): 1-4 alphanumerics
@@ -74,7 +75,6 @@ def test_tuple_parser_tolerance(text, action):
         ("('move', 0, 1)", "The action format is invalid."),
         # The last action-shaped tuple decides, valid or not (VisGym): no fallback to ('move', 0).
         ("('move', 0) then ('move', 9)", "The action 9 is not in the valid action space of move"),
-        ("<answer>no tuple here</answer> ('move', 0)", "Cannot parse action string 'no tuple here'"),
         ("__import__('os').system('echo hi')", "Cannot parse action string"),
         ("open('/etc/passwd').read()", "Cannot parse action string"),
     ],
@@ -82,6 +82,72 @@ def test_tuple_parser_tolerance(text, action):
 def test_tuple_parser_errors_use_visgym_feedback(text, error):
     action, feedback = parse_action(text, TUPLE)
     assert action is None and feedback.startswith(error)
+
+
+@pytest.mark.parametrize(
+    "text, action",
+    [
+        ("'move', 0", MOVE_RIGHT),
+        ("'stop', 'stop'", STOP),
+        ("  'move', 3\n", MOVE_DOWN),
+        ('"move", 1', MOVE_UP),
+    ],
+)
+def test_tuple_parser_accepts_a_bare_tuple_as_visgyms_env_does(text, action):
+    """VisGym's parse_output finds no (...) span and passes the text on; its env's literal_eval reads a tuple."""
+    assert parse_action(text, TUPLE) == (action, None)
+    assert parse_action(f"<answer>{text}</answer>", TUPLE, elicit=True) == (action, None)
+
+
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ("move, 0", "Cannot parse action string 'move, 0' so the action is invalid."),  # no quoting without (...)
+        ("0", "The action format is invalid."),
+        ("'move'", "The action format is invalid."),
+        ("'move', 0, 1", "The action format is invalid."),
+        ("'move', 9", "The action 9 is not in the valid action space of move"),
+        ("1, 2", "The action name '1' is not recognized"),
+        ("'move', " + " " * 300 + "0", "Cannot parse action string"),  # longer than any action: not evaluated
+    ],
+)
+def test_bare_tuple_errors_use_visgym_feedback(text, error):
+    action, feedback = parse_action(text, TUPLE)
+    assert action is None and feedback.startswith(error)
+
+
+@pytest.mark.parametrize(
+    "text, action",
+    [
+        ("<think>maybe ('move', 3)</think><answer>('move', 0)</answer>", MOVE_RIGHT),
+        ("<answer>('move', 1)</answer> text <answer>('stop', 'stop')</answer>", MOVE_UP),  # the FIRST answer
+        ("<think>go ('move', 1)?</think><answer>('move', 2)", MOVE_LEFT),  # unclosed: read to the end
+        ("no tags at all: ('move', 2) then ('move', 3)", MOVE_DOWN),  # no <answer>: the whole text
+        ("<answer>`('move', 1)`</answer>", MOVE_UP),
+    ],
+)
+def test_elicitation_reads_the_first_answer(text, action):
+    assert parse_action(text, TUPLE, elicit=True) == (action, None)
+
+
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ("<answer>no tuple here</answer> ('move', 0)", "Cannot parse action string 'no tuple here'"),
+        ("<think><answer>x</answer></think><answer>('move', 0)</answer>", "Cannot parse action string 'x'"),
+        ("<answer></answer>('move', 0)", "Cannot parse action string ''"),
+    ],
+)
+def test_elicitation_errors_come_from_the_first_answer(text, error):
+    action, feedback = parse_action(text, TUPLE, elicit=True)
+    assert action is None and feedback.startswith(error)
+    assert parse_action(text, TUPLE)[0] == MOVE_RIGHT  # without elicitation the tags mean nothing
+
+
+def test_elicitation_applies_to_the_tag_format_too():
+    text = "<answer><action>left</action></answer> <action>stop</action>"
+    assert parse_action(text, TAG, elicit=True) == (MOVE_LEFT, None)
+    assert parse_action(text, TAG) == (STOP, None)
 
 
 def test_feedback_clips_long_outputs():
@@ -113,9 +179,9 @@ def test_tag_parser_last_tag_decides():
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=st.text(), fmt=st.sampled_from(ACTION_FORMATS))
-def test_parser_never_raises_on_any_text(text, fmt):
-    action, feedback = parse_action(text, fmt)
+@given(text=st.text(), fmt=st.sampled_from(ACTION_FORMATS), elicit=st.booleans())
+def test_parser_never_raises_on_any_text(text, fmt, elicit):
+    action, feedback = parse_action(text, fmt, elicit)
     assert (action is None) != (feedback is None)
     assert action is None or 0 <= action <= 4
 
@@ -128,6 +194,7 @@ _fragments = st.sampled_from(
         "0",
         "9",
         "'stop'",
+        "'move', 0",
         ",",
         "<answer>",
         "</answer>",
@@ -148,9 +215,14 @@ _fragments = st.sampled_from(
 
 
 @settings(max_examples=300, deadline=None)
-@given(parts=st.lists(_fragments, max_size=200), repeat=st.integers(1, 50), fmt=st.sampled_from(ACTION_FORMATS))
-def test_parser_never_raises_on_adversarial_text(parts, repeat, fmt):
-    action, feedback = parse_action("".join(parts) * repeat, fmt)
+@given(
+    parts=st.lists(_fragments, max_size=200),
+    repeat=st.integers(1, 50),
+    fmt=st.sampled_from(ACTION_FORMATS),
+    elicit=st.booleans(),
+)
+def test_parser_never_raises_on_adversarial_text(parts, repeat, fmt, elicit):
+    action, feedback = parse_action("".join(parts) * repeat, fmt, elicit)
     assert (action is None) != (feedback is None)
 
 
@@ -162,6 +234,8 @@ HUGE_INPUTS = {
     "3MB_prefix": "x" * 3_000_000 + "('move', 1)",
     "many_tuples": "('move', 1)" * 100_000,
     "many_answer_tags": "<answer>" * 100_000,
+    "huge_answer": "<answer>" + "('move', 1) " * 300_000 + "</answer>",
+    "bare_padded": "'move', 0" + " " * 3_000_000,
     "nested_lists": "[" * 10_000 + "]" * 10_000,
 }
 
@@ -170,9 +244,10 @@ HUGE_INPUTS = {
 def test_parser_is_bounded_on_huge_inputs(text):
     start = time.perf_counter()
     for fmt in ACTION_FORMATS:
-        action, feedback = parse_action(text, fmt)
-        assert (action is None) != (feedback is None)
-    assert time.perf_counter() - start < 1.0
+        for elicit in (False, True):
+            action, feedback = parse_action(text, fmt, elicit)
+            assert (action is None) != (feedback is None)
+    assert time.perf_counter() - start < 2.0
 
 
 def test_non_string_input_is_invalid_not_an_error():
@@ -204,6 +279,15 @@ def test_visgym_prompt_matches_visgym_exactly():
     first_turn = task_prompt("visgym", TUPLE, 20, size=9)
     assert first_turn == VISGYM_9x9_PROMPT + "\nThis is step 1. You are allowed to take 19 more steps."
     assert "You are navigating a 11x11 maze." in task_prompt("visgym", TUPLE, 30, size=11)
+
+
+def test_elicitation_prompt_is_visgyms_xml_prompt():
+    """VisGym's run_episode: instructions += Interactor._xml_prompt(), then + "\\n" + the step text."""
+    xml = "\n\nVerbalize your reasoning in <think>…</think> and give the final result in <answer>…</answer>."
+    assert instructions("visgym", TUPLE, 9, elicit=True) == VISGYM_9x9_PROMPT + xml
+    assert task_prompt("visgym", TUPLE, 20, size=9, elicit=True) == (
+        VISGYM_9x9_PROMPT + xml + "\nThis is step 1. You are allowed to take 19 more steps."
+    )
 
 
 def test_step_and_turn_text_follow_visgym_counting():
