@@ -1,14 +1,19 @@
-"""Real multiruns of the ready sweeps into a real MLflow server, the report, and the MLflow UI in Chromium."""
+"""Real multiruns into a real MLflow server (no ``hydra.sweep.dir``: they land where a user's would, under
+the working dir), the report, and the MLflow UI in Chromium. test_documented_commands.py runs every sweep
+file as written."""
 
+import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 from omegaconf import OmegaConf
 
 from conftest import REPO
+from test_documented_commands import argv, readme_commands
 
 SWEEPS = sorted(p.stem for p in (REPO / "sweeps").glob("*.yaml"))
 #: a tiny run in seconds: 1 step, evals on 2 pinned mazes.
@@ -18,8 +23,18 @@ QUICK = [
 ]
 
 
-def rlexp(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlexp", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+#: the README's multirun example: 2 group sizes x 2 LoRA ranks.
+README_MULTIRUN = "rlexp -m algorithm.n_samples_per_prompt=4,8 model.lora.rank=8,16"
+
+
+def rlexp(*args: str, cwd: Path = REPO, timeout: float = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "rlexp", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def the_sweep_dir(cwd: Path) -> Path:
+    (sweep_dir,) = (cwd / "outputs" / "tiny_cpu").glob("multirun-*")
+    return sweep_dir
 
 
 @pytest.mark.parametrize("sweep", SWEEPS)
@@ -37,26 +52,23 @@ def test_every_sweep_file_composes_with_its_sweep_params(sweep):
 
 
 @pytest.fixture(scope="module")
-def group_size_sweep(mlflow_server, tmp_path_factory):
-    """The group-size sweep crossed with two LoRA ranks: a 2 x 2 multirun logged to the server."""
-    sweep_dir = tmp_path_factory.mktemp("sweep") / "multirun-test"
-    result = rlexp(
-        "-m", "--config-dir", "sweeps", "--config-name", "group_size",
-        "algorithm.n_samples_per_prompt=2,4", "model.lora.rank=4,8",
-        "logger=mlflow", f"logger.mlflow.tracking_uri={mlflow_server.uri}", f"hydra.sweep.dir={sweep_dir}", *QUICK,
-    )
+def readme_multirun(mlflow_server, tmp_path_factory):
+    """The README's multirun (tiny settings, as test_documented_commands.py runs it), logged to the server."""
+    assert README_MULTIRUN in readme_commands()
+    cwd = tmp_path_factory.mktemp("readme-multirun")
+    result = rlexp(*argv(README_MULTIRUN)[3:], "logger=mlflow", f"logger.mlflow.tracking_uri={mlflow_server.uri}", cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
-    return sweep_dir
+    return the_sweep_dir(cwd)
 
 
 @pytest.mark.slow
-def test_multirun_lands_in_mlflow_with_params_history_and_artifacts(mlflow_server, group_size_sweep):
+def test_multirun_lands_in_mlflow_with_params_history_and_artifacts(mlflow_server, readme_multirun):
     client = MlflowClient(mlflow_server.uri)
     experiment = client.get_experiment_by_name("tiny_cpu")
-    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.sweep = '{group_size_sweep.name}'")
+    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.sweep = '{readme_multirun.name}'")
     assert len(runs) == 4
     swept = sorted((r.data.params["algorithm.n_samples_per_prompt"], r.data.params["model.lora.rank"]) for r in runs)
-    assert swept == [("2", "4"), ("2", "8"), ("4", "4"), ("4", "8")]
+    assert swept == [("4", "16"), ("4", "8"), ("8", "16"), ("8", "8")]
     for run in runs:
         assert run.info.status == "FINISHED"
         assert run.data.tags["choice.experiment"] == "tiny_cpu"
@@ -78,10 +90,10 @@ def _all_artifacts(client, run_id, path):
 
 
 @pytest.mark.slow
-def test_report_prints_table_and_plots_the_sweep(mlflow_server, group_size_sweep, tmp_path):
+def test_report_prints_table_and_plots_the_sweep(mlflow_server, readme_multirun, tmp_path):
     out = tmp_path / "report"
     result = rlexp(
-        "task=report", f"report.sweep={group_size_sweep.name}", f"report.tracking_uri={mlflow_server.uri}", f"hydra.run.dir={out}"
+        "task=report", f"report.sweep={readme_multirun.name}", f"report.tracking_uri={mlflow_server.uri}", f"hydra.run.dir={out}"
     )
     assert result.returncode == 0, result.stderr[-3000:]
     table = [line for line in result.stdout.splitlines() if line.startswith("|")]
@@ -94,12 +106,12 @@ def test_report_prints_table_and_plots_the_sweep(mlflow_server, group_size_sweep
 
 @pytest.mark.slow
 def test_failing_job_does_not_stop_the_sweep_and_is_marked_failed(mlflow_server, tmp_path):
-    sweep_dir = tmp_path / "multirun-failing"
     result = rlexp(
-        "-m", "model.path=/nonexistent/model,tiny", "logger=mlflow", f"logger.mlflow.tracking_uri={mlflow_server.uri}",
-        f"hydra.sweep.dir={sweep_dir}", *QUICK,
+        "-m", "model.path=/nonexistent/model,tiny", "logger=mlflow", f"logger.mlflow.tracking_uri={mlflow_server.uri}", *QUICK,
+        cwd=tmp_path,
     )
     assert result.returncode != 0  # the sweep reports the failure...
+    sweep_dir = the_sweep_dir(tmp_path)
     client = MlflowClient(mlflow_server.uri)
     experiment = client.get_experiment_by_name("tiny_cpu")
     runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.sweep = '{sweep_dir.name}'")
@@ -109,10 +121,10 @@ def test_failing_job_does_not_stop_the_sweep_and_is_marked_failed(mlflow_server,
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed (.ci/run installs it)")
-def test_mlflow_ui_shows_the_sweep_runs(mlflow_server, group_size_sweep, tmp_path):
+def test_mlflow_ui_shows_the_sweep_runs(mlflow_server, readme_multirun, tmp_path):
     client = MlflowClient(mlflow_server.uri)
     experiment = client.get_experiment_by_name("tiny_cpu")
-    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.sweep = '{group_size_sweep.name}'")
+    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.sweep = '{readme_multirun.name}'")
     url = f"{mlflow_server.uri}/#/experiments/{experiment.experiment_id}/runs"
     browser = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=20000", "--window-size=1400,900"]
     dom = subprocess.run([*browser, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
@@ -121,18 +133,3 @@ def test_mlflow_ui_shows_the_sweep_runs(mlflow_server, group_size_sweep, tmp_pat
     screenshot = tmp_path / "mlflow-ui.png"
     subprocess.run([*browser, f"--screenshot={screenshot}", url], capture_output=True, timeout=120)
     assert screenshot.stat().st_size > 10_000
-
-
-@pytest.mark.slow
-def test_optuna_sweep_maximises_final_eval_success(tmp_path):
-    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="the Optuna sweep needs the [sweeps] extra")
-    sweep_dir = tmp_path / "multirun-optuna"
-    result = rlexp(
-        "-m", "--config-dir", "sweeps", "--config-name", "optuna", "hydra.sweeper.n_trials=2",
-        f"hydra.sweep.dir={sweep_dir}", *QUICK,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    results = OmegaConf.load(sweep_dir / "optimization_results.yaml")
-    assert set(results.best_params) == {"algorithm.lr", "rollout.temperature", "algorithm.n_samples_per_prompt"}
-    finals = [OmegaConf.load(sweep_dir / str(n) / "eval" / "step_000001.summary.json").success_rate for n in (0, 1)]
-    assert results.best_value == max(finals)
