@@ -48,7 +48,6 @@ class Doc:
     where: str  # the test (or file) that runs it
     extra: tuple[str, ...] = ()  # appended (after the documented arguments)
     replace: tuple[tuple[str, str], ...] = ()  # (documented text, what the test uses)
-    needs_experiment_override: bool = False  # passes experiment=… on the command line
 
 
 # the placeholders the tests fill in: the tiny model's dir, the sweep the group_size test made.
@@ -73,14 +72,14 @@ COMMANDS = {
     "rlexp task=eval model.path=/path/to/sft-checkpoint eval.policy=model": Doc(
         "tiny", "test_training_commands", extra=TINY_EVAL, replace=(("/path/to/sft-checkpoint", TINY_MODEL),)),
     "rlexp experiment=visgym_maze_grpo model.path=/fsx/qwen3-vl-8b-maze-sft --cfg job": Doc(
-        "as written", "test_composing_commands", needs_experiment_override=True),
+        "as written", "test_composing_commands"),
     "rlexp -m algorithm.n_samples_per_prompt=4,8 model.lora.rank=8,16": Doc(
         "tiny", "test_sweeps.py::readme_multirun (its runs are also checked in a real MLflow server)"),
     "rlexp task=report": Doc("as written", "test_training_commands"),
     # --- README: sweeps, and the sweep files' headers
     "rlexp -m --config-dir sweeps --config-name group_size": Doc("tiny", "test_sweep_file_runs_as_written"),
     "rlexp -m --config-dir sweeps --config-name group_size experiment=visgym_maze_grpo model.path=/fsx/sft": Doc(
-        "cfg job", "test_composing_commands", needs_experiment_override=True),
+        "cfg job", "test_composing_commands"),
     "rlexp -m --config-dir sweeps --config-name lora_rank": Doc("tiny", "test_sweep_file_runs_as_written"),
     # on a machine without CUDA, each job stops with the reason (the test checks that); TINY would not change that
     "rlexp -m --config-dir sweeps --config-name instance_type model.path=/fsx/qwen3-vl-8b-maze-sft": Doc(
@@ -90,7 +89,7 @@ COMMANDS = {
     "rlexp -m --config-dir sweeps --config-name optuna": Doc(
         "tiny", "test_sweep_file_runs_as_written", extra=("hydra.sweeper.n_trials=2",)),
     "rlexp -m --config-dir sweeps --config-name optuna hydra.sweeper.n_trials=40 experiment=visgym_maze_grpo": Doc(
-        "cfg job", "test_composing_commands", needs_experiment_override=True),
+        "cfg job", "test_composing_commands"),
     "rlexp task=report report.sweep=multirun-2026-12-03_10-00-00": Doc(
         "as written", "test_report_of_a_sweep", replace=(("multirun-2026-12-03_10-00-00", SWEEP_NAME),)),
 }
@@ -117,17 +116,6 @@ def documented_commands() -> list[str]:
     return list(dict.fromkeys(readme_commands() + [c for s in SWEEPS for c in sweep_header_commands(s)]))
 
 
-def experiment_override_refused() -> bool:
-    """True until ``experiment=…`` on the command line is accepted (issue 7: cli.check_override_keys)."""
-    from rlexp.cli import UnknownKeyError, check_override_keys
-
-    try:
-        check_override_keys(["experiment=tiny_cpu"])
-    except UnknownKeyError:
-        return True
-    return False
-
-
 def argv(command: str, **placeholders: str) -> list[str]:
     """``command`` as ``COMMANDS`` says to run it: ``python -m rlexp`` and its arguments."""
     doc = COMMANDS[command]
@@ -147,8 +135,6 @@ def argv(command: str, **placeholders: str) -> list[str]:
 
 def run(command: str, cwd: Path, timeout: float = 600, **placeholders: str) -> subprocess.CompletedProcess:
     doc = COMMANDS[command]
-    if doc.needs_experiment_override and experiment_override_refused():
-        pytest.xfail("issue 7: `experiment=…` on the command line is refused by cli.check_override_keys until that fix lands")
     # the checkout under test, whichever rlexp is installed; the tiny model's cache from conftest's
     # environment; MLflow's default store, as a user gets it: <cwd>/outputs/mlflow.db
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}

@@ -323,8 +323,8 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
             lse = torch.logsumexp(z, dim=-1)
             lab = labels[s : s + chunk_size]
             logp[s : s + chunk_size] = z.gather(-1, lab.unsqueeze(-1)).squeeze(-1) - lse
-            # entropy = lse - sum_j p_j z_j
-            ent[s : s + chunk_size] = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+            # entropy = lse - sum_j p_j z_j; masked-out tokens (z = -inf, p = 0) add nothing, not 0 * -inf
+            ent[s : s + chunk_size] = lse - (torch.softmax(z, dim=-1) * z.nan_to_num(neginf=0.0)).sum(dim=-1)
             lse_all[s : s + chunk_size] = lse
         ctx.save_for_backward(logits, labels, lse_all)
         ctx.chunk_size = chunk_size

@@ -74,7 +74,7 @@ def with_checkpoint_config(cfg: DictConfig, checkpoint: Path) -> DictConfig:
     saved = OmegaConf.load(saved_path)
     merged = cfg.copy()
     for section in CHECKPOINT_SECTIONS:
-        merged[section] = OmegaConf.merge(cfg[section], saved[section])
+        merged[section] = OmegaConf.merge(cfg[section], _known_keys(OmegaConf.to_container(saved[section]), cfg[section]))
     overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
     with open_dict(merged):
         for override in OverridesParser.create().parse_overrides(list(overrides)):
@@ -95,3 +95,12 @@ def _evaluate_scripted(cfg: DictConfig, mazes, policy: str) -> tuple[EvalResult,
     turns = min(cfg.env.max_steps, cfg.rollout.max_turns)
     trajectories = scripted_trajectories(SCRIPTED[policy](cfg), mazes, cfg.env, samples, turns)
     return summarize(episode_rows(trajectories, mazes), mazes, turns, samples), trajectories
+
+
+def _known_keys(saved: dict, current: DictConfig) -> dict:
+    """The saved settings this version still has (an older checkpoint may hold keys since removed)."""
+    return {
+        key: _known_keys(value, current[key]) if isinstance(value, dict) and OmegaConf.is_dict(current[key]) else value
+        for key, value in saved.items()
+        if key in current
+    }

@@ -312,3 +312,13 @@ def test_token_logprobs_from_hidden_match_logits_path():
     ref_logp.sum().backward()
     close(hidden.grad, h2.grad)
     close(weight.grad, w2.grad)
+
+
+def test_masked_out_tokens_leave_log_probs_and_entropy_finite():
+    """The trainer masks the never-generated ids with -inf, as the engine does when sampling."""
+    logits = torch.tensor([[[1.0, 2.0, float("-inf"), 0.5]]])
+    logp, ent = selective_log_softmax(logits, torch.tensor([[1]]))
+    p = torch.softmax(torch.tensor([1.0, 2.0, 0.5]), -1)
+    assert torch.isfinite(ent).all()
+    torch.testing.assert_close(ent[0, 0], -(p * p.log()).sum())
+    torch.testing.assert_close(logp[0, 0], p[1].log())

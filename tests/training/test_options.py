@@ -10,7 +10,7 @@ from rlexp.tasks.train import train
 pytestmark = pytest.mark.slow
 
 QUICK = (
-    "logger=none", "run_name=run", "total_steps=2", "eval_interval=2", "ckpt_interval=2", "eval.num_mazes=2",
+    "name=tiny_cpu", "logger=none", "run_name=run", "total_steps=2", "eval_interval=2", "ckpt_interval=2", "eval.num_mazes=2",
     "rollout.max_turns=3", "rollout.max_new_tokens_per_turn=8", "algorithm.lr=0.05",
 )
 

@@ -184,6 +184,7 @@ def test_pg_loss_is_the_loss_when_kl_is_off_whatever_the_micro_batch(tmp_path):
         metrics = _signal_step(GRPOStep(run))
         assert metrics["train/pg_loss"] == pytest.approx(metrics["train/loss"], abs=1e-7)
         assert metrics["train/kl_loss"] == pytest.approx(0.0, abs=1e-9)
+        assert all(v == v and abs(v) != float("inf") for v in metrics.values()), metrics
         losses.append(metrics["train/loss"])
     assert losses[0] == pytest.approx(losses[1], rel=1e-4, abs=1e-6)
 
