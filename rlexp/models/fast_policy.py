@@ -217,7 +217,10 @@ class FastTurnForward:
         proj = visual.patch_embed.proj
         w = proj.weight.reshape(proj.weight.shape[0], -1)
         s = self.seq
-        h = F.linear(pixel_values.to(w.dtype), w, proj.bias)  # Conv3d with kernel == stride == input
+        x = pixel_values
+        if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
+            x = x.to(w.dtype)
+        h = F.linear(x, w, proj.bias)  # Conv3d with kernel == stride == input
         h = h.view(n_images, s, -1) + self.vision_pos.to(h.dtype)
         cos = self.vision_cos[None, :, None, :]
         sin = self.vision_sin[None, :, None, :]
