@@ -306,15 +306,18 @@ class PinnedEval:
         was_training = fast.model.training
         fast.model.eval()
         act_ids = self.layout.action_token_ids
+        every = torch.arange(n, device=dev)
         for t in range(max_steps):
-            idx = torch.nonzero(~done)[:, 0]
-            if idx.numel() == 0:
+            if bool(done.all()):
                 break
-            pv, _ = self.enc.encode(self.walls[idx], pos[idx], self.goals[idx])
-            variants = torch.zeros_like(idx) if t == 0 else 1 + (t - 1) * 2 + feedback[idx]
+            # all n frames every turn (fixed shapes, for compiled models); finished episodes are ignored
+            pv, _ = self.enc.encode(self.walls, pos, self.goals)
+            variants = torch.zeros_like(every) if t == 0 else 1 + (t - 1) * 2 + feedback
             ids, pred = self.layout.batch(variants)
             with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-                logits = fast(ids, pv, pred[:, None])[:, 0].float()
+                logits_all = fast(ids, pv, pred[:, None])[:, 0].float()
+            idx = torch.nonzero(~done)[:, 0]
+            logits = logits_all[idx]
             a = logits[:, act_ids].argmax(-1)
             full_valid += int(torch.isin(logits.argmax(-1), act_ids).sum())
             total += idx.numel()
@@ -356,12 +359,23 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 class Trainer:
-    def __init__(self, model, processor, layout, encoder, pool, args, device):
+    def __init__(self, model, processor, layout, encoder, pool, args, device, compile_model=False):
         self.model, self.processor, self.layout, self.enc, self.pool = model, processor, layout, encoder, pool
         self.args, self.device = args, device
         freeze_vision_pos_embed(model)
         pv, thw = encoder.encode(pool.walls[:1], pool.starts[:1], pool.goals[:1])
         self.fast = FastTurnForward(model, layout, pv.float(), thw)
+        if compile_model:
+            import torch._dynamo as dynamo
+
+            dynamo.config.automatic_dynamic_shapes = False  # one static graph per batch size (train, eval)
+            dynamo.config.cache_size_limit = 16
+            text = model.model.language_model
+            for layer in text.layers:
+                layer.compile()
+            text.norm.compile()
+            text.rotary_emb.compile()
+            self.fast.vision = torch.compile(self.fast.vision)
         params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(
             params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay, fused=device.type == "cuda"
@@ -504,7 +518,9 @@ def save_checkpoint(model, processor, out: Path, name: str, evaluator, layout, e
     """bf16 copy -> save_pretrained + processor -> tar split in parts; returns the bf16 copy's eval."""
     import copy
 
-    m16 = copy.deepcopy(model).to(torch.bfloat16)
+    m16 = type(model)(model.config).to(device=model.device, dtype=torch.bfloat16)
+    m16.load_state_dict({k: v.to(torch.bfloat16) for k, v in model.state_dict().items()})
+    m16.generation_config = copy.deepcopy(model.generation_config)
     m16.eval()
     pv, thw = encoder.encode(evaluator.walls[:1], evaluator.starts[:1], evaluator.goals[:1])
     res = evaluator.run(FastTurnForward(m16, layout, pv.to(torch.bfloat16), thw))
@@ -591,6 +607,7 @@ def main(argv=None):
     p.add_argument("--stop-at", type=float, default=1.01, help="end training once eval success >= this")
     p.add_argument("--no-final-save", action="store_true")
     # bench
+    p.add_argument("--compile", action="store_true", help="torch.compile the text layers and the vision path")
     p.add_argument("--bench", action="store_true")
     p.add_argument("--bench-only", action="store_true")
     p.add_argument("--bench-batches", default="256,1024")
@@ -664,6 +681,20 @@ def main(argv=None):
             return
         model = fresh_model()  # start the learning run from the same initial weights
         trainer = Trainer(model, processor, layout, encoder, pool, args, device)
+    if args.compile:
+        model = fresh_model()
+        trainer = Trainer(model, processor, layout, encoder, pool, args, device, compile_model=True)
+        tc = time.time()
+        try:
+            r = evaluator.run(trainer.fast)
+            sync(device)
+            log(f"compile: eval shapes compiled in {time.time() - tc:.1f} s (eval {r['success']}/64)")
+        except Exception as exc:
+            log(f"compile failed ({exc!r:.300}); continuing without it")
+            args.compile = False
+            torch._dynamo.reset()
+            model = fresh_model()
+            trainer = Trainer(model, processor, layout, encoder, pool, args, device)
 
     lo, hi = (float(x) for x in args.warm_range.split(","))
     curve = []
@@ -685,9 +716,24 @@ def main(argv=None):
             max_d = 1 + int(30 * train_time / args.curriculum_s)
         ts = time.time()
         batch = trainer.make_batch(args.batch, max_d)
-        loss, aloss, acc, gnorm = trainer.train_step(batch)
-        if trainer.step_count % args.log_every == 0:
+        if trainer.step_count == 0 and args.compile:
+            try:
+                loss, aloss, acc, gnorm = trainer.train_step(batch)
+            except Exception as exc:
+                log(f"compiled train step failed ({exc!r:.300}); continuing without compile")
+                args.compile = False
+                torch._dynamo.reset()
+                model = fresh_model()
+                trainer = Trainer(model, processor, layout, encoder, pool, args, device)
+                loss, aloss, acc, gnorm = trainer.train_step(batch)
+        else:
+            loss, aloss, acc, gnorm = trainer.train_step(batch)
+        if trainer.step_count % args.log_every == 0 or trainer.step_count == 1:
             sync(device)
+        if trainer.step_count == 1:
+            log(f"first train step {time.time() - ts:.1f} s (includes compilation with --compile)")
+            if args.compile:
+                ts = time.time()  # report steady-state samples/s: compile time is left out of train time
         train_time += time.time() - ts
         acc_hist.append(acc)
         if trainer.step_count % args.log_every == 0:
