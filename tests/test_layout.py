@@ -9,8 +9,9 @@ from conftest import REPO
 PACKAGE = REPO / "rlexp"
 #: component packages (and top-level modules), lowest first: each may import only those before it.
 LAYERS = [
-    ["config", "runtime"],
+    ["runtime"],
     ["envs", "algorithms", "tracking"],
+    ["config"],
     ["models"],
     ["rollout"],
     ["evaluation"],
