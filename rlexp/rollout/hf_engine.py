@@ -101,12 +101,11 @@ class HFEngine:
 
     def generation_config(self, params: SamplingParams) -> GenerationConfig:
         """Every setting explicit; greedy when the temperature is 0."""
-        greedy = params.temperature <= 0
+        sampling = {}
+        if params.temperature > 0:
+            sampling = {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
         return GenerationConfig(
-            do_sample=not greedy,
-            temperature=1.0 if greedy else params.temperature,
-            top_p=1.0 if greedy else params.top_p,
-            top_k=0,
+            **sampling,
             repetition_penalty=1.0,
             max_new_tokens=params.max_new_tokens,
             stop_strings=params.stop or None,

@@ -22,10 +22,8 @@ from rlexp.training.batching import collate, token_logprobs
 from rlexp.training.loop import TrainingRun
 from rlexp.training.update import PolicyUpdate, Sample
 
-ENV = OmegaConf.create(
-    {"size": 9, "max_steps": 20, "cell_px": 25, "history_window": None, "action_format": "visgym_tuple",
-     "prompt": "visgym", "terminate_on_goal": False, "format_reward": 0.0}
-)
+#: the default env (maze_easy as composed), full history
+ENV = compose_config("name=test", "env.history_window=null").env
 
 
 def _samples(formatter, trajectories, history_window=None):
