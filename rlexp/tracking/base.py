@@ -56,7 +56,13 @@ class JsonlTracker:
         (self.run_dir / "params.json").write_text(json.dumps(params, indent=2, default=str) + "\n")
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        (self.run_dir / "tags.json").write_text(json.dumps(tags, indent=2) + "\n")
+        """Added to those already set (a later ``checkpoint`` tag does not drop the run's ``choice.*``)."""
+        path = self.run_dir / "tags.json"
+        try:
+            existing = json.loads(path.read_text()) if path.is_file() else {}
+        except json.JSONDecodeError:
+            existing = {}
+        path.write_text(json.dumps({**existing, **tags}, indent=2) + "\n")
 
     def resume_from(self, step: int) -> None:
         """Keep only the lines logged before checkpoint ``step`` was saved (steps ``<= step``; none at a

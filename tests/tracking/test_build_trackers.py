@@ -120,3 +120,10 @@ def test_overwrite_discards_the_old_runs_records(tmp_path):
         (tmp_path / name).write_text("{}")
     discard_records(tmp_path)
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["eval", "eval/step_000000.jsonl"]
+
+
+def test_jsonl_tags_accumulate(tmp_path):
+    tracker = JsonlTracker(tmp_path)
+    tracker.set_tags({"choice.model": "tiny"})
+    tracker.set_tags({"checkpoint": "/x/global_step_1"})
+    assert json.loads((tmp_path / "tags.json").read_text()) == {"choice.model": "tiny", "checkpoint": "/x/global_step_1"}
