@@ -94,6 +94,11 @@ class WandbTracker:
         values kept are the first process's: bit-identical for a deterministic resume except wall-clock
         ``timing/*``; ``metrics.jsonl`` holds the resumed run's. A file that cannot be read is reported
         and ignored (its steps are then logged again).
+
+        A kill -9 also loses what W&B's service had not yet written: rows up to the checkpoint can be
+        missing from the files although the run will not compute them again. Those are sent again from
+        ``metrics.jsonl`` (written synchronously, and cut to ``step`` just before; pictures of such steps
+        are not resent).
         """
         current = Path(self.run.dir).parent.resolve()
         for path in sorted(self.run_dir.glob(f"wandb/*run-*-{self.run_id}*/run-{self.run_id}.wandb")):
@@ -106,6 +111,30 @@ class WandbTracker:
         if self._skip:
             steps = sorted({s for _, s in self._skip})
             log.info("W&B run %s already has steps %d..%d; they are not logged again", self.run_id, steps[0], steps[-1])
+        if step > 0:
+            self._backfill(step)
+
+    def _backfill(self, step: int) -> None:
+        """Log the metrics of steps up to ``step`` that metrics.jsonl has and the W&B files lack."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.is_file():
+            return
+        sent: set[int] = set()
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            at = record.get("step") if isinstance(record, dict) else None
+            if not isinstance(at, int) or at > step:
+                continue
+            values = {k: v for k, v in record.items() if k not in ("step", "time") and (k, at) not in self._skip}
+            if values:
+                self.run.log(values, step=at)
+                self._skip |= {(k, at) for k in values}
+                sent.add(at)
+        if sent:
+            log.warning("W&B lacked steps %s of this run (lost in a kill); sent again from %s", sorted(sent), path)
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         """Pictures go to the history at the last logged step, keyed by their top folder and name

@@ -118,3 +118,23 @@ def test_resume_logs_each_key_of_each_step_once(tmp_path, monkeypatch):
     pairs = sorted((row["_step"], key) for row in rows for key in row if not key.startswith("_"))
     assert pairs == sorted({(s, "train/loss") for s in (1, 2, 3, 4)} | {(s, "eval/success") for s in (1, 2, 3, 4)})
     assert {row["_step"]: row["eval/success"] for row in rows if "eval/success" in row} == {1: 0.1, 2: 0.1, 3: 0.2, 4: 0.2}
+
+
+def test_resume_sends_again_steps_a_kill_lost_before_the_checkpoint(tmp_path, monkeypatch):
+    """The killed process's W&B file ends at step 1, though the run checkpointed step 2: step 2 is not
+    recomputed, so it is sent again from metrics.jsonl, once."""
+    isolate_wandb(monkeypatch, tmp_path)
+    run_dir = tmp_path / "exp" / "run1"
+    first = WandbTracker(run_dir, INFO)
+    first.log_metrics({"train/loss": 1.0}, 1)
+    first.finish("FAILED")
+    _logs(run_dir, first.run.id)
+    (run_dir / "metrics.jsonl").write_text(
+        '{"step": 1, "time": 0, "train/loss": 1.0}\n{"step": 2, "time": 0, "train/loss": 0.5}\n'
+    )
+    second = WandbTracker(run_dir, INFO)
+    second.resume_from(2)
+    second.log_metrics({"train/loss": 0.25}, 3)
+    second.finish("FINISHED")
+    rows = [row for path in _logs(run_dir, first.run.id) for row in wandb_history(wandb_records(path))]
+    assert sorted((row["_step"], row["train/loss"]) for row in rows) == [(1, 1.0), (2, 0.5), (3, 0.25)]

@@ -95,17 +95,22 @@ def test_kill_9_past_a_checkpoint_then_resume_logs_each_step_once(tmp_path, monk
     killed = tmp_path / "killed"
     tracked = [*overrides, "logger=[mlflow,wandb]", f"logger.mlflow.tracking_uri={mlflow_server.uri}"]
     process = subprocess.Popen(rlexp_command(killed, *tracked), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = MlflowClient(mlflow_server.uri)
+
+    def step_3_on_the_server() -> bool:  # logged and sent: a resume that sent it again would double it
+        state = killed / "tracking" / "mlflow.json"
+        run_id = state.is_file() and json.loads(state.read_text()).get("run_id")
+        return bool(run_id) and 3 in [m.step for m in client.get_metric_history(run_id, "train/loss")]
+
     deadline = time.time() + 600
-    while not ((killed / "metrics.jsonl").is_file() and 3 in _logged_steps(killed)):
+    while not step_3_on_the_server():
         assert process.poll() is None, "the run ended before it could be killed"
         assert time.time() < deadline
-        time.sleep(0.05)
+        time.sleep(0.1)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     assert not (killed / "checkpoints" / "global_step_4").exists()
-    client = MlflowClient(mlflow_server.uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("tiny_cpu").experiment_id])
-    assert 3 in [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]  # sent before the kill
+    assert 3 in _logged_steps(killed)
 
     output = run_rlexp(killed, *tracked)
     assert "resumed from" in output and "global_step_2" in output
