@@ -3,6 +3,7 @@
 import json
 import logging
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -39,6 +40,9 @@ class Tracker(Protocol):
     def finish(self, status: Status = "FINISHED") -> None:
         """Always called, from a ``finally``."""
 
+    # Optional: ``resume_from(step: int) -> None``, called once before the first metric of a process
+    # (see ``Trackers.resume_from``). A tracker without it receives the recomputed steps again.
+
 
 class JsonlTracker:
     """``metrics.jsonl`` (one line per log call), ``params.json``, ``tags.json`` and ``status`` in the run dir."""
@@ -52,15 +56,25 @@ class JsonlTracker:
         (self.run_dir / "params.json").write_text(json.dumps(params, indent=2, default=str) + "\n")
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        (self.run_dir / "tags.json").write_text(json.dumps(tags, indent=2) + "\n")
+        """Added to those already set (a later ``checkpoint`` tag does not drop the run's ``choice.*``)."""
+        path = self.run_dir / "tags.json"
+        try:
+            existing = json.loads(path.read_text()) if path.is_file() else {}
+        except json.JSONDecodeError:
+            existing = {}
+        path.write_text(json.dumps({**existing, **tags}, indent=2) + "\n")
 
     def resume_from(self, step: int) -> None:
-        """Drop the lines logged after checkpoint ``step``: the resumed run logs those steps again."""
+        """Keep only the lines logged before checkpoint ``step`` was saved (steps ``<= step``; none at a
+        fresh start, ``step`` 0, whose step-0 eval runs again): the resumed run logs the later steps
+        again, so the file holds each step once, with the resumed run's values. A line torn by a kill
+        is dropped too."""
         if not self.metrics_path.is_file():
             return
         lines = self.metrics_path.read_text().splitlines(keepends=True)
-        kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+        kept = [line for line in lines if step > 0 and _logged_step(line) is not None and _logged_step(line) <= step]
         if len(kept) != len(lines):
+            log.info("metrics.jsonl: dropping %d lines logged after step %d, which this run logs again", len(lines) - len(kept), step)
             tmp = self.metrics_path.with_suffix(".jsonl.tmp")
             tmp.write_text("".join(kept))
             os.replace(tmp, self.metrics_path)
@@ -104,7 +118,9 @@ class Trackers:
         self._each("log_metrics", metrics, step)
 
     def resume_from(self, step: int) -> None:
-        """The run continues from its checkpoint at ``step``: what was logged after it is logged again."""
+        """The run continues from its checkpoint at ``step`` (0: starts fresh), so every step after it
+        (at a fresh start, step 0 too) is computed and logged again; each tracker that has
+        ``resume_from`` makes sure it keeps each step once (how is each one's choice: see theirs)."""
         for tracker in self.trackers:
             if hasattr(tracker, "resume_from"):
                 self._call(tracker, "resume_from", step)
@@ -114,6 +130,35 @@ class Trackers:
 
     def finish(self, status: Status = "FINISHED") -> None:
         self._each("finish", status)
+
+
+def _logged_step(line: str) -> int | None:
+    """The step of one metrics.jsonl line; None for a blank or torn one."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record.get("step") if isinstance(record, dict) and isinstance(record.get("step"), int) else None
+
+
+#: what the trackers keep in a run dir about its run (``resume=overwrite`` discards them).
+RECORDS = ("metrics.jsonl", "params.json", "tags.json", "status", "tracking")
+
+
+def discard_records(run_dir: Path) -> None:
+    """Forget a run dir's tracked run, for a fresh start over it (``resume=overwrite``): metrics.jsonl
+    and the trackers' state (``tracking/``: run ids, the MLflow journal) go, so MLflow and W&B start new
+    runs instead of mixing two runs' steps in one. The old tracked runs stay on their servers as they
+    are; journal entries never sent to them are discarded with the rest."""
+    run_dir = Path(run_dir)
+    found = [run_dir / name for name in RECORDS if (run_dir / name).exists()]
+    if found:
+        log.warning("resume=overwrite: discarding the old run's records in %s: %s", run_dir, ", ".join(p.name for p in found))
+    for path in found:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def build_trackers(logger_cfg: DictConfig, run_dir: Path, config: DictConfig) -> Trackers:

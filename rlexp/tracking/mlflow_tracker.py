@@ -11,6 +11,9 @@ with this run dir (``resume=latest``) sends it first and continues the same MLfl
 Replaying is idempotent, so an entry sent twice (its answer lost) is stored once: metrics carry their
 own step and timestamp and MLflow drops exact duplicates, params and tags are set to the same values,
 artifacts overwrite themselves, and a run whose creation answer was lost is found by its start id tag.
+
+A resumed run logs the steps after its checkpoint again; ``resume_from`` keeps MLflow at one value per
+metric and step (see there).
 """
 
 import json
@@ -76,7 +79,13 @@ class MlflowTracker:
             )
             self.run_id = None
         self.sent: int = state.get("sent", 0)
-        self.pending, self.next_seq = self._read_journal()
+        self.pending, self.next_seq, journaled = self._read_journal()
+        if self.run_id is None and state.get("run_id"):  # a new run on another store gets what is pending only
+            journaled = _metric_values(self.pending)
+        #: (metric, step) -> value of what earlier processes of this run dir logged; see ``resume_from``.
+        self._journaled: dict[tuple[str, int], float] = journaled
+        self._skip: dict[tuple[str, int], float] = {}
+        self._differing: list[str] = []
         self._failures, self._retry_at, self._refused = 0, 0.0, False
 
         self._append({"op": "start", "start_id": uuid.uuid4().hex, "time": _now_ms()})
@@ -98,7 +107,46 @@ class MlflowTracker:
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         values = {sanitize_name(k): float(v) for k, v in metrics.items()}
+        if self._skip:
+            values = {k: v for k, v in values.items() if not self._already_logged(k, int(step), v)}
+            if not values:
+                return
         self._record({"op": "metrics", "step": int(step), "time": _now_ms(), "metrics": values})
+
+    def resume_from(self, step: int) -> None:
+        """The run continues after checkpoint ``step`` and logs the later steps again; MLflow must keep
+        each (metric, step) once.
+
+        MLflow cannot delete logged points (there is no API for it), and it keeps every distinct (value,
+        timestamp) of a step, so sending a recomputed step again stores it twice. Starting a new MLflow
+        run per resume would split one run's history. So this tracker does not send again what the run
+        already has: every metric of an earlier process of this run dir is in the journal (sent, or
+        pending and sent first), and a metric at a step the journal already holds is skipped. This is
+        per metric, not per step, so a step that a kill cut short is completed by the resumed run.
+
+        The points kept are the first process's. A resume is deterministic (RNG states, maze stream and
+        optimizer are restored), so ``train/*``, ``rollout/*`` and ``eval/*`` are recomputed bit-identical
+        and nothing is lost; wall-clock ``timing/*`` values differ and keep the first ones, while
+        ``metrics.jsonl`` holds the resumed run's. Where a non-timing value differs (a resume with a
+        changed config, non-deterministic GPU kernels), a warning says that MLflow keeps the first.
+        """
+        self._skip = dict(self._journaled)  # steps up to ``step`` are not logged again anyway
+        if self._skip:
+            steps = sorted({s for _, s in self._skip})
+            log.info("MLflow run %s already has steps %s; they are not sent again", self.run_id, _span(steps))
+
+    def _already_logged(self, key: str, step: int, value: float) -> bool:
+        first = self._skip.pop((key, step), None)
+        if first is None:
+            return False
+        if first != value and not (first != first and value != value) and not key.startswith("timing/"):
+            if not self._differing:
+                log.warning(
+                    "MLflow keeps the first value logged of %s at step %d (%g), not this run's %g: the resumed run "
+                    "computes it differently (changed config?); metrics.jsonl has this run's", key, step, first, value,
+                )
+            self._differing.append(key)
+        return True
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         path = Path(path).resolve()
@@ -120,10 +168,11 @@ class MlflowTracker:
 
     # -- journal ---------------------------------------------------------------------------------------
 
-    def _read_journal(self) -> tuple[list[dict], int]:
-        """Unsent entries of earlier processes with this run dir, and the next sequence number."""
+    def _read_journal(self) -> tuple[list[dict], int, dict[tuple[str, int], float]]:
+        """Unsent entries of earlier processes with this run dir, the next sequence number, and every
+        metric the journal holds, by (name, step)."""
         if not self.journal_path.exists():
-            return [], 1
+            return [], 1, {}
         text = self.journal_path.read_text()
         if text and not text.endswith("\n"):  # a crash mid-line: keep the next entry on its own line
             with self.journal_path.open("a") as f:
@@ -135,7 +184,7 @@ class MlflowTracker:
             except json.JSONDecodeError:
                 log.warning("MLflow journal %s: skipping a torn line", self.journal_path)
         last = max((e["seq"] for e in entries), default=0)
-        return [e for e in entries if e["seq"] > self.sent], last + 1
+        return [e for e in entries if e["seq"] > self.sent], last + 1, _metric_values(entries)
 
     def _append(self, entry: dict) -> None:
         entry = {"seq": self.next_seq, **entry}
@@ -319,6 +368,20 @@ def _short_http_requests(timeout_s: int) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def _metric_values(entries: list[dict]) -> dict[tuple[str, int], float]:
+    """(name, step) -> value of the metrics entries, the first value where one was logged twice."""
+    values: dict[tuple[str, int], float] = {}
+    for entry in entries:
+        if entry.get("op") == "metrics":
+            for name, value in entry["metrics"].items():
+                values.setdefault((name, entry["step"]), value)
+    return values
+
+
+def _span(steps: list[int]) -> str:
+    return f"{steps[0]}..{steps[-1]}" if len(steps) > 1 else str(steps[0])
 
 
 def _now_ms() -> int:

@@ -6,6 +6,9 @@ files do not match is skipped with a warning and the previous one is used.
 
 Layout: ``policy/`` (the LoRA adapter, standard peft format), ``trainer_state.pt`` (optimizer,
 scheduler, RNG states, step, maze-stream position), ``config.yaml`` (the resolved config).
+
+A save that dies leaves a ``.tmp-global_step_N-*`` dir; it is never listed as a checkpoint and is removed
+at the next save and when a run starts (``resolve_resume``).
 """
 
 import hashlib
@@ -26,6 +29,9 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 PREFIX = "global_step_"
+TMP_PREFIX = f".tmp-{PREFIX}"
+#: files every checkpoint has; a manifest that does not list them describes no usable checkpoint.
+REQUIRED_FILES = ("trainer_state.pt", "policy/adapter_model.safetensors", "policy/adapter_config.json")
 
 
 def _sha256(path: Path) -> str:
@@ -57,8 +63,9 @@ def save_checkpoint(
 ) -> Path:
     """Write checkpoint ``step`` atomically, then prune to the newest ``keep_last``."""
     ckpt_root.mkdir(parents=True, exist_ok=True)
+    remove_temp_dirs(ckpt_root)
     final = ckpt_root / f"{PREFIX}{step}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{PREFIX}{step}-", dir=ckpt_root))
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{step}-", dir=ckpt_root))
     model.save_pretrained(tmp / "policy")
     torch.save({**trainer_state, "step": step, "rng": rng_states()}, tmp / "trainer_state.pt")
     (tmp / "config.yaml").write_text(OmegaConf.to_yaml(config, resolve=True))
@@ -81,30 +88,72 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(f.fileno())
 
 
+def remove_temp_dirs(ckpt_root: Path) -> list[Path]:
+    """Delete what saves that died left behind (``.tmp-global_step_*``); the dirs removed."""
+    if not ckpt_root.is_dir():
+        return []
+    leftovers = [p for p in ckpt_root.iterdir() if p.name.startswith(TMP_PREFIX)]
+    for path in leftovers:
+        log.info("removing %s, left by a checkpoint save that did not finish", path)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return leftovers
+
+
 def list_checkpoints(ckpt_root: Path) -> list[Path]:
     """Complete-looking checkpoint dirs, oldest first (temp dirs are never listed)."""
     if not ckpt_root.is_dir():
         return []
-    found = [p for p in ckpt_root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+    found = [p for p in ckpt_root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and _is_step(p.name[len(PREFIX):])]
+    return sorted(found, key=_step_of)
 
 
 def verify_checkpoint(path: Path) -> str | None:
-    """None if every file matches the manifest, else what is wrong."""
+    """None if the manifest is well formed, lists every required file and every file matches its
+    checksum; else what is wrong, in a few words (never raises on a damaged checkpoint)."""
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         return "no manifest"
     try:
-        manifest = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError:
-        return "unreadable manifest"
-    for name, digest in manifest["files"].items():
+        manifest = json.loads(manifest_path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        return "manifest is not UTF-8 text"
+    except (json.JSONDecodeError, RecursionError):
+        return "manifest is not valid JSON"
+    except OSError as error:
+        return f"manifest unreadable ({error.strerror or error})"
+    if not isinstance(manifest, dict):
+        return f"manifest is a JSON {type(manifest).__name__}, not an object"
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        return "manifest lists no files"
+    if not all(isinstance(name, str) and isinstance(digest, str) for name, digest in files.items()):
+        return "manifest file entries are not name: checksum strings"
+    step = manifest.get("step")
+    if path.name.startswith(PREFIX) and step != _step_of(path):
+        return f"manifest is for step {step!r}, not {_step_of(path)}"
+    if missing := [name for name in REQUIRED_FILES if name not in files]:
+        return f"manifest does not list {', '.join(missing)}"
+    root = path.resolve()
+    for name, digest in files.items():
         file = path / name
+        if not file.resolve().is_relative_to(root):
+            return f"manifest names {name}, outside the checkpoint"
         if not file.is_file():
             return f"missing {name}"
         if _sha256(file) != digest:
             return f"{name} does not match its checksum"
     return None
+
+
+def _is_step(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def _step_of(path: Path) -> int:
+    return int(path.name[len(PREFIX):])
 
 
 def latest_valid_checkpoint(ckpt_root: Path) -> Path | None:
@@ -126,33 +175,40 @@ class ResumeError(RuntimeError):
 
 
 def resolve_resume(ckpt_root: Path, resume: str) -> Path | None:
-    """The checkpoint to continue from, or None to start fresh.
+    """The checkpoint to continue from, or None to start fresh. Removes leftovers of failed saves first.
 
-    ``latest``: the newest checkpoint that verifies (a fresh start when there is none at all);
-    ``none``: a fresh start, refused where checkpoints exist (they would be overwritten);
-    ``overwrite``: a fresh start that deletes this run dir's checkpoints; anything else: a checkpoint path.
+    ``latest``: the newest checkpoint that verifies (a fresh start when there is none at all), refused
+    when checkpoints exist but none verifies; ``none``: a fresh start, refused where checkpoints exist
+    (they would be overwritten); ``overwrite``: a fresh start that deletes this run dir's checkpoints;
+    anything else: the path of a checkpoint, which must verify. Refusals raise ``ResumeError`` before
+    anything in the run dir is changed.
     """
+    remove_temp_dirs(ckpt_root)
     existing = list_checkpoints(ckpt_root)
+    run_dir = ckpt_root.parent
     if resume == "overwrite":
         for path in existing:
             shutil.rmtree(path)
+        if existing:
+            log.warning("resume=overwrite: deleted %d checkpoints of %s; starting fresh", len(existing), run_dir)
         return None
     if resume == "none":
         if existing:
             raise ResumeError(
-                f"resume=none but {ckpt_root} holds checkpoints ({existing[-1].name} newest); starting fresh would "
-                "overwrite them: use resume=latest to continue, resume=overwrite to discard them, or a new run_name"
+                f"resume=none but run dir {run_dir} holds checkpoints ({existing[-1].name} newest); starting fresh "
+                "would overwrite them: use resume=latest to continue, resume=overwrite to discard them, or a new run_name"
             )
         return None
     if resume == "latest":
         found = latest_valid_checkpoint(ckpt_root)
         if found is None and existing:
             raise ResumeError(
-                f"every checkpoint in {ckpt_root} is corrupt ({', '.join(p.name for p in existing)}); refusing to start "
-                "over them: use resume=overwrite to discard them, or a new run_name"
+                f"every checkpoint in run dir {run_dir} is corrupt ({', '.join(p.name for p in existing)}); refusing "
+                "to start over them: use resume=overwrite to discard them, or a new run_name"
             )
         return found
     path = Path(resume)
-    if not (path / "trainer_state.pt").is_file():
-        raise FileNotFoundError(f"resume={resume}: no trainer_state.pt there; give a global_step_N dir")
+    problem = verify_checkpoint(path) if path.is_dir() else "no such dir"
+    if problem is not None:
+        raise ResumeError(f"resume={resume}: not a usable checkpoint ({problem}); give a {PREFIX}N dir, or resume=latest")
     return path

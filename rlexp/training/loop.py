@@ -5,10 +5,13 @@ step; components (engine, optimizer, lr schedule) come from config through ``_ta
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
@@ -17,8 +20,8 @@ from rlexp.evaluation.evaluate import EvalResult, evaluate_model, record_eval
 from rlexp.models import load_policy, never_generated_ids
 from rlexp.rollout.conversation import TurnFormatter
 from rlexp.runtime import run_dir_of, seed_everything
-from rlexp.tracking import Trackers, build_trackers
-from rlexp.training.checkpoint import load_trainer_state, resolve_resume, restore_rng_states, save_checkpoint
+from rlexp.tracking import Trackers, build_trackers, discard_records
+from rlexp.training.checkpoint import ResumeError, load_trainer_state, resolve_resume, restore_rng_states, save_checkpoint
 from rlexp.training.update import PolicyUpdate
 
 log = logging.getLogger(__name__)
@@ -47,11 +50,11 @@ def stream_limit(cfg: DictConfig) -> int:
 
 
 class TrainingRun:
-    def __init__(self, cfg: DictConfig, run_dir: Path, trackers: Trackers):
+    def __init__(self, cfg: DictConfig, run_dir: Path, trackers: Trackers, checkpoint: Path | None = None):
+        """``checkpoint``: the one to continue from (``resolve_resume`` picks it), or None to start fresh."""
         self.cfg, self.run_dir, self.trackers = cfg, run_dir, trackers
         self.ckpt_root = run_dir / "checkpoints"
         seed_everything(cfg.seed)
-        checkpoint = resolve_resume(self.ckpt_root, cfg.resume)
         self.model, self.processor = load_policy(
             cfg.model, cfg.cluster.device, adapter=checkpoint and checkpoint / "policy", trainable=True
         )
@@ -138,13 +141,23 @@ class TrainingRun:
 
 
 def run_training(cfg: DictConfig, make_step: Callable[[TrainingRun], TrainStep]) -> float:
-    """Build the run and its trackers, fit with the recipe's step, and always close the trackers
-    (FINISHED, or FAILED on an exception) so that one failed job does not kill a sweep."""
+    """Pick the checkpoint to resume from, build the run and its trackers, fit with the recipe's step,
+    and always close the trackers (FINISHED, or FAILED on an exception) so that one failed job does not
+    kill a sweep. A refused resume (see ``resolve_resume``) ends with one line before any tracker or
+    file of the run dir is touched; in a multirun it fails that job only."""
     run_dir = run_dir_of(cfg)
+    try:
+        checkpoint = resolve_resume(run_dir / "checkpoints", cfg.resume)
+    except ResumeError as error:
+        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise
+        sys.exit(f"rlexp: {error}")
+    if cfg.resume == "overwrite":
+        discard_records(run_dir)
     trackers = build_trackers(cfg.logger, run_dir, cfg)
     status = "FAILED"
     try:
-        run = TrainingRun(cfg, run_dir, trackers)
+        run = TrainingRun(cfg, run_dir, trackers, checkpoint)
         result = run.fit(make_step(run))
         status = "FINISHED"
         return result

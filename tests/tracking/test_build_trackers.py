@@ -10,7 +10,7 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import REPO, compose_config
-from rlexp.tracking import JsonlTracker, build_trackers
+from rlexp.tracking import JsonlTracker, build_trackers, discard_records
 from rlexp.tracking.base import git_commit, run_info
 from rlexp.tracking.mlflow_tracker import MlflowTracker
 from rlexp.tracking.wandb_tracker import WandbTracker
@@ -100,3 +100,30 @@ def test_multirun_sweep_reaches_both_trackers(tmp_path, monkeypatch):
         (log,) = (sweep / run.info.run_name.split("/")[-1]).glob("wandb/offline-run-*/run-*.wandb")
         wandb_run = [r.run for r in wandb_records(log) if r.HasField("run")][-1]
         assert wandb_run.run_group == "multirun-test" and "sweep=multirun-test" in wandb_run.tags
+
+
+def test_jsonl_resume_keeps_steps_up_to_the_checkpoint_and_drops_torn_lines(tmp_path):
+    tracker = JsonlTracker(tmp_path)
+    for step in (0, 1, 2, 3):
+        tracker.log_metrics({"train/loss": float(step)}, step)
+    with tracker.metrics_path.open("a") as f:
+        f.write('{"step": 4, "train/lo')  # a kill mid-line
+    tracker.resume_from(2)
+    assert [json.loads(line)["step"] for line in tracker.metrics_path.read_text().splitlines()] == [0, 1, 2]
+    tracker.resume_from(0)  # a fresh start logs everything again, the step-0 eval too
+    assert tracker.metrics_path.read_text() == ""
+
+
+def test_overwrite_discards_the_old_runs_records(tmp_path):
+    for name in ("metrics.jsonl", "params.json", "status", "tracking/mlflow.json", "eval/step_000000.jsonl"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("{}")
+    discard_records(tmp_path)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["eval", "eval/step_000000.jsonl"]
+
+
+def test_jsonl_tags_accumulate(tmp_path):
+    tracker = JsonlTracker(tmp_path)
+    tracker.set_tags({"choice.model": "tiny"})
+    tracker.set_tags({"checkpoint": "/x/global_step_1"})
+    assert json.loads((tmp_path / "tags.json").read_text()) == {"choice.model": "tiny", "checkpoint": "/x/global_step_1"}

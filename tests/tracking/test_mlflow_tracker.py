@@ -159,3 +159,50 @@ def test_outage_loses_and_duplicates_nothing(tmp_path):
         assert len(client.search_runs([run.info.experiment_id])) == 1
     finally:
         server.stop()
+
+
+def test_resume_sends_each_metric_of_each_step_once(mlflow_server, tmp_path, caplog):
+    """A process killed after logging steps 1-3 (step 3 half: only its loss) that checkpointed step 1;
+    the resumed process logs steps 2-4 again. MLflow holds each (metric, step) once, step 3 complete."""
+    run_dir = tmp_path / "exp" / "run1"
+    first = MlflowTracker(run_dir, _info("resume-once"), tracking_uri=mlflow_server.uri)
+    for step in (1, 2):
+        first.log_metrics({"train/loss": 1 / step, "timing/step_s": 10.0 + step}, step)
+    first.log_metrics({"train/loss": 1 / 3}, 3)  # killed here: no finish()
+
+    second = MlflowTracker(run_dir, _info("resume-once"), tracking_uri=mlflow_server.uri)
+    second.resume_from(1)
+    with caplog.at_level("WARNING"):
+        for step in (2, 3, 4):
+            second.log_metrics({"train/loss": 1 / step, "timing/step_s": 20.0 + step}, step)
+    assert "keeps the first value" not in caplog.text  # recomputed identically: nothing to report
+    second.finish("FINISHED")
+
+    client = MlflowClient(mlflow_server.uri)
+    assert second.run_id == first.run_id
+    assert _history(client, second.run_id, "train/loss") == [(1, 1.0), (2, 0.5), (3, 1 / 3), (4, 0.25)]
+    # the kill cut step 3 short: the resumed run completes it; steps already there keep their first value
+    assert _history(client, second.run_id, "timing/step_s") == [(1, 11.0), (2, 12.0), (3, 23.0), (4, 24.0)]
+
+
+def test_resume_with_pending_entries_and_changed_values_warns(mlflow_server, tmp_path, caplog):
+    """Entries an outage left in the journal count as logged (they are sent first); a recomputed value that
+    differs (a changed config) is not sent twice, and a warning says MLflow keeps the first."""
+    run_dir = tmp_path / "exp" / "run1"
+    first = MlflowTracker(run_dir, _info("resume-pending"), tracking_uri=mlflow_server.uri)
+    first.log_metrics({"train/loss": 1.0}, 1)
+    first.client = MlflowClient("http://127.0.0.1:9")  # the store stops answering: step 2 stays pending
+    first._retry_at = 0.0
+    first.log_metrics({"train/loss": 0.5}, 2)
+    assert first.pending
+
+    second = MlflowTracker(run_dir, _info("resume-pending"), tracking_uri=mlflow_server.uri)
+    assert not second.pending  # the journal was sent first
+    second.resume_from(0)  # no checkpoint: everything again
+    with caplog.at_level("WARNING"):
+        second.log_metrics({"train/loss": 1.0}, 1)
+        second.log_metrics({"train/loss": 0.7}, 2)
+    assert "keeps the first value logged of train/loss at step 2 (0.5), not this run's 0.7" in caplog.text
+    second.finish("FINISHED")
+    client = MlflowClient(mlflow_server.uri)
+    assert _history(client, second.run_id, "train/loss") == [(1, 1.0), (2, 0.5)]

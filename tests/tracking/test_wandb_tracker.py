@@ -1,5 +1,6 @@
 """WandbTracker, offline (no credentials): what its ``.wandb`` file in the run dir holds, and resume."""
 
+import time
 from pathlib import Path
 
 from PIL import Image
@@ -10,10 +11,20 @@ from tracking_support import isolate_wandb, wandb_history, wandb_records
 INFO = {"run_name": "run1", "experiment": "exp", "group": "multirun-2026-01-01_00-00-00", "tags": {}}
 
 
+def _logs(run_dir: Path, run_id: str) -> list[Path]:
+    """The offline runs of ``run_id``, oldest first (a resume in the same second gets a ``-1`` suffix),
+    once each is complete: ``finish`` can return before W&B's service has written the end of the file."""
+    logs = sorted(run_dir.glob(f"wandb/offline-run-*-{run_id}*/run-{run_id}.wandb"), key=lambda p: p.parent.name)
+    deadline = time.monotonic() + 30
+    while not all(any(r.HasField("exit") for r in wandb_records(p)) for p in logs):
+        assert time.monotonic() < deadline, "W&B never finished writing its offline files"
+        time.sleep(0.1)
+    return logs
+
+
 def _records(run_dir: Path, run_id: str) -> list:
-    """The newest offline run of ``run_id`` (a resume in the same second gets a ``-1`` suffix)."""
-    logs = sorted(run_dir.glob(f"wandb/offline-run-*-{run_id}*/run-{run_id}.wandb"), key=lambda p: p.stat().st_mtime)
-    return wandb_records(logs[-1])
+    """The newest offline run of ``run_id``."""
+    return wandb_records(_logs(run_dir, run_id)[-1])
 
 
 def _pictures(folder: Path) -> tuple[Path, Path]:
@@ -81,3 +92,49 @@ def test_credentials_pick_online(tmp_path, monkeypatch):
     assert not has_credentials()
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
     assert has_credentials()
+
+
+def test_resume_logs_each_key_of_each_step_once(tmp_path, monkeypatch):
+    """Steps 1-3 logged, then a resume from checkpoint 1 logs 2-4 again: across the run's offline files
+    every (key, step) appears once, and the step a kill cut short is completed."""
+    isolate_wandb(monkeypatch, tmp_path)
+    run_dir = tmp_path / "exp" / "run1"
+    first = WandbTracker(run_dir, INFO)
+    for step in (1, 2):
+        first.log_metrics({"train/loss": 1 / step, "eval/success": 0.1}, step)
+    first.log_metrics({"train/loss": 1 / 3}, 3)
+    first.finish("FAILED")
+    _logs(run_dir, first.run.id)  # a killed process's files are complete: it is gone
+
+    second = WandbTracker(run_dir, INFO)
+    second.resume_from(1)
+    for step in (2, 3, 4):
+        second.log_metrics({"train/loss": 1 / step, "eval/success": 0.2}, step)
+    second.finish("FINISHED")
+
+    logs = _logs(run_dir, first.run.id)
+    assert len(logs) == 2
+    rows = [row for path in logs for row in wandb_history(wandb_records(path))]
+    pairs = sorted((row["_step"], key) for row in rows for key in row if not key.startswith("_"))
+    assert pairs == sorted({(s, "train/loss") for s in (1, 2, 3, 4)} | {(s, "eval/success") for s in (1, 2, 3, 4)})
+    assert {row["_step"]: row["eval/success"] for row in rows if "eval/success" in row} == {1: 0.1, 2: 0.1, 3: 0.2, 4: 0.2}
+
+
+def test_resume_sends_again_steps_a_kill_lost_before_the_checkpoint(tmp_path, monkeypatch):
+    """The killed process's W&B file ends at step 1, though the run checkpointed step 2: step 2 is not
+    recomputed, so it is sent again from metrics.jsonl, once."""
+    isolate_wandb(monkeypatch, tmp_path)
+    run_dir = tmp_path / "exp" / "run1"
+    first = WandbTracker(run_dir, INFO)
+    first.log_metrics({"train/loss": 1.0}, 1)
+    first.finish("FAILED")
+    _logs(run_dir, first.run.id)
+    (run_dir / "metrics.jsonl").write_text(
+        '{"step": 1, "time": 0, "train/loss": 1.0}\n{"step": 2, "time": 0, "train/loss": 0.5}\n'
+    )
+    second = WandbTracker(run_dir, INFO)
+    second.resume_from(2)
+    second.log_metrics({"train/loss": 0.25}, 3)
+    second.finish("FINISHED")
+    rows = [row for path in _logs(run_dir, first.run.id) for row in wandb_history(wandb_records(path))]
+    assert sorted((row["_step"], row["train/loss"]) for row in rows) == [(1, 1.0), (2, 0.5), (3, 0.25)]

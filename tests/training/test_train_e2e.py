@@ -9,9 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+from mlflow import MlflowClient
 from safetensors.torch import load_file
 
 from conftest import REPO
+from tracking_support import isolate_wandb, wandb_history, wandb_records
 
 pytestmark = pytest.mark.slow
 
@@ -73,31 +75,92 @@ def test_two_step_run_leaves_metrics_evals_and_checkpoint(tmp_path):
     assert (eval_dir / "eval" / "model.jsonl").read_text().splitlines() == final_rows
 
 
-def test_kill_9_and_resume_equals_uninterrupted_run(tmp_path):
-    overrides = ["total_steps=4", "ckpt_interval=1", "keep_last_ckpts=4", "eval_interval=4", "algorithm.lr=0.05"]
+def _logged_steps(run_dir: Path) -> list[int]:
+    """The step of every metrics.jsonl line that carries a training step's metrics."""
+    return [r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "train/loss" in r]
+
+
+def test_kill_9_past_a_checkpoint_then_resume_logs_each_step_once(tmp_path, monkeypatch, mlflow_server):
+    """Killed after step 3 was logged (checkpoint at 2), resumed: the run equals an uninterrupted one, and
+    metrics.jsonl, the MLflow run and W&B's offline history hold each step once. Run again once finished,
+    it neither evaluates nor logs anything more, and reports the final success."""
+    isolate_wandb(monkeypatch, tmp_path)
+    overrides = [
+        "total_steps=4", "ckpt_interval=2", "keep_last_ckpts=4", "eval_interval=4", "algorithm.lr=0.05",
+        "algorithm.train_batch_size=2", "algorithm.policy_mini_batch_size=1",  # 4 steps, twice, on 2 shared cores
+    ]
     straight = tmp_path / "straight"
     run_rlexp(straight, *overrides)
 
     killed = tmp_path / "killed"
-    process = subprocess.Popen(rlexp_command(killed, *overrides), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tracked = [*overrides, "logger=[mlflow,wandb]", f"logger.mlflow.tracking_uri={mlflow_server.uri}"]
+    process = subprocess.Popen(rlexp_command(killed, *tracked), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = MlflowClient(mlflow_server.uri)
+
+    def step_3_on_the_server() -> bool:  # logged and sent: a resume that sent it again would double it
+        state = killed / "tracking" / "mlflow.json"
+        run_id = state.is_file() and json.loads(state.read_text()).get("run_id")
+        return bool(run_id) and 3 in [m.step for m in client.get_metric_history(run_id, "train/loss")]
+
     deadline = time.time() + 600
-    while not (killed / "checkpoints" / "global_step_2").is_dir():
+    while not step_3_on_the_server():
         assert process.poll() is None, "the run ended before it could be killed"
         assert time.time() < deadline
-        time.sleep(0.05)
+        time.sleep(0.1)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     assert not (killed / "checkpoints" / "global_step_4").exists()
+    assert 3 in _logged_steps(killed)
 
-    output = run_rlexp(killed, *overrides)
-    assert "resumed from" in output
-    assert metrics_by_step(killed) == metrics_by_step(straight)
+    output = run_rlexp(killed, *tracked)
+    assert "resumed from" in output and "global_step_2" in output
+    assert _logged_steps(killed) == [1, 2, 3, 4]
+    assert metrics_by_step(killed) == metrics_by_step(straight)  # the resumed run's values, equal to a straight run
     final_straight, final_resumed = adapter(straight, 4), adapter(killed, 4)
     assert final_straight.keys() == final_resumed.keys()
     for name in final_straight:
         assert (final_straight[name] == final_resumed[name]).all(), name
-    initial = adapter(straight, 1)
+    initial = adapter(straight, 2)
     assert any((initial[n] != final_straight[n]).any() for n in initial), "training never changed the adapter"
+
+    (run,) = client.search_runs([client.get_experiment_by_name("tiny_cpu").experiment_id])
+    assert run.info.status == "FINISHED"
+    local = metrics_by_step(killed)
+    for key in ("train/loss", "rollout/reward_mean", "train/grad_norm"):
+        history = client.get_metric_history(run.info.run_id, key)
+        assert sorted(m.step for m in history) == [1, 2, 3, 4], key
+        assert {m.step: m.value for m in history} == pytest.approx({s: local[s][key] for s in local}), key
+    eval_steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "eval/success_rate"))
+    assert eval_steps == [0, 4]
+    logs = sorted(killed.glob("wandb/offline-run-*/run-*.wandb"), key=lambda p: p.parent.name)
+    assert len(logs) == 2
+    in_wandb = [(row["_step"], row["train/loss"]) for p in logs for row in wandb_history(wandb_records(p)) if "train/loss" in row]
+    assert sorted(step for step, _ in in_wandb) == [1, 2, 3, 4]
+    assert dict(in_wandb) == pytest.approx({s: local[s]["train/loss"] for s in local})
+
+    # the same command once more: the run is finished; nothing is evaluated or logged again
+    lines_before = (killed / "metrics.jsonl").read_text()
+    histories = {k: client.get_metric_history(run.info.run_id, k) for k in ("eval/success_rate", "train/loss", "timing/eval_s")}
+    summary = json.loads((killed / "eval" / "step_000004.summary.json").read_text())
+    output = run_rlexp(killed, *tracked)
+    assert "run already finished at step 4" in output
+    assert f"success {summary['success_rate']:.1%}" in output
+    assert "eval at step" not in output
+    assert (killed / "metrics.jsonl").read_text() == lines_before
+    for key, history in histories.items():
+        assert len(client.get_metric_history(run.info.run_id, key)) == len(history), key
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"
+
+
+def test_resume_overwrite_starts_fresh(tmp_path):
+    run_dir = tmp_path / "run"
+    run_rlexp(run_dir, "total_steps=2", "ckpt_interval=1", "eval_interval=10")
+    output = run_rlexp(run_dir, "total_steps=1", "ckpt_interval=1", "eval_interval=10", "resume=overwrite")
+    assert "resumed from" not in output
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["global_step_1"]
+    assert _logged_steps(run_dir) == [1]
+    evals = [r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "eval/success_rate" in r]
+    assert evals == [0, 1]
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path):
