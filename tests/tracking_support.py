@@ -1,11 +1,10 @@
-"""Real backends for the tracker tests: an ``mlflow server`` subprocess, an isolated offline W&B, and a
-reader for W&B's offline ``.wandb`` files (wandb 0.31 ships no Python reader for them)."""
+"""Real backends for the tracker tests: an ``mlflow server`` subprocess, an isolated offline W&B, and the
+history rows of W&B's offline ``.wandb`` files (read with the tracker's own reader)."""
 
 import json
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -13,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import requests
-from wandb.proto import wandb_internal_pb2
+
+from rlexp.tracking.wandb_tracker import read_records as wandb_records  # noqa: F401 (the tests' name for it)
 
 
 def free_port() -> int:
@@ -79,29 +79,6 @@ def isolate_wandb(monkeypatch: pytest.MonkeyPatch, root: Path) -> None:
     monkeypatch.setenv("NETRC", str(root / "no-netrc"))
     for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
         monkeypatch.setenv(name, str(root / "wandb-home" / name.lower()))
-
-
-def wandb_records(path: Path) -> list[wandb_internal_pb2.Record]:
-    """The records of a ``run-<id>.wandb`` file: a 7-byte header, then LevelDB-log blocks of 32 KiB whose
-    chunks (checksum u32, length u16, type u8: 1 full, 2 first, 3 middle, 4 last) carry ``Record`` protos."""
-    data, block, records, pending = Path(path).read_bytes(), 32768, [], b""
-    assert data[:4] == b":W&B", f"{path} is not a W&B transaction log"
-    pos = 7
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # too little left in this block for a chunk header: padding
-            pos += block - pos % block
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        if kind == 0:
-            break
-        pending += data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            records.append(record)
-            pending = b""
-    return records
 
 
 def wandb_history(records) -> list[dict]:
