@@ -158,14 +158,18 @@ def check_machine(cfg: Any) -> None:
     and has at least ``gpu_memory_gb``, and the host at least ``cpu_memory_gb`` (5% slack for GB/GiB
     rounding in vendors' figures)."""
     cluster = cfg.cluster
+    if str(cluster.device).startswith("cuda"):
+        _check_cuda_device(cluster)
     host_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
     if host_gb < 0.95 * cluster.cpu_memory_gb:
         raise ConfigError(
             f"cluster.cpu_memory_gb={cluster.cpu_memory_gb} but this machine has {host_gb:.1f} GB; pick the cluster "
             "option that matches it"
         )
-    if not str(cluster.device).startswith("cuda"):
-        return
+
+
+def _check_cuda_device(cluster: Any) -> None:
+    """The device first: on a machine without it, that is the one thing to say."""
     import torch
 
     if not torch.cuda.is_available():

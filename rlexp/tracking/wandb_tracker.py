@@ -7,6 +7,7 @@ import logging
 import netrc
 import os
 import struct
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ class WandbTracker:
         if not state_path.exists():
             state_path.write_text(json.dumps({"run_id": uuid.uuid4().hex[:12]}) + "\n")
         self.run_id = json.loads(state_path.read_text())["run_id"]
-        self.run = wandb.init(
+        self.run = _init_when_free(
             project=project,
             entity=entity,
             group=group or run_info.get("group"),
@@ -156,6 +157,24 @@ class WandbTracker:
 
     def finish(self, status: Status = "FINISHED") -> None:
         self.run.finish(exit_code=0 if status == "FINISHED" else 1)
+
+
+#: how long a resumed run waits for W&B to release its run id (see ``_init_when_free``).
+RUN_ID_RELEASE_S = 90
+
+
+def _init_when_free(**kwargs):
+    """``wandb.init``, retried while W&B says the run id is in use: after a kill -9, the killed process's
+    W&B service holds the run until it notices its parent is gone, and a resume must not fail on that."""
+    deadline = time.monotonic() + RUN_ID_RELEASE_S
+    while True:
+        try:
+            return wandb.init(**kwargs)
+        except Exception as error:  # W&B raises its own ServerResponseError here
+            if "in use" not in str(error) or time.monotonic() > deadline:
+                raise
+            log.info("W&B run %s is still held by a previous process; retrying", kwargs.get("id"))
+            time.sleep(2)
 
 
 def has_credentials() -> bool:

@@ -138,3 +138,28 @@ def test_resume_sends_again_steps_a_kill_lost_before_the_checkpoint(tmp_path, mo
     second.finish("FINISHED")
     rows = [row for path in _logs(run_dir, first.run.id) for row in wandb_history(wandb_records(path))]
     assert sorted((row["_step"], row["train/loss"]) for row in rows) == [(1, 1.0), (2, 0.5), (3, 0.25)]
+
+
+def test_a_run_id_still_held_by_a_killed_process_is_waited_for(tmp_path, monkeypatch):
+    """After a kill -9, the killed process's W&B service can hold the run id for a while."""
+    from rlexp.tracking import wandb_tracker
+
+    calls = []
+
+    def held_twice(**kwargs):
+        calls.append(kwargs["id"])
+        if len(calls) < 3:
+            raise RuntimeError(f"run ID {kwargs['id']} is in use")
+        return "run"
+
+    monkeypatch.setattr(wandb_tracker.wandb, "init", held_twice)
+    monkeypatch.setattr(wandb_tracker.time, "sleep", lambda s: None)
+    assert wandb_tracker._init_when_free(id="abc") == "run" and calls == ["abc"] * 3
+    monkeypatch.setattr(wandb_tracker, "RUN_ID_RELEASE_S", -1)
+    calls.clear()
+    try:
+        wandb_tracker._init_when_free(id="abc")
+    except RuntimeError as error:
+        assert "in use" in str(error) and calls == ["abc"]
+    else:
+        raise AssertionError("an id held past the deadline must fail")
