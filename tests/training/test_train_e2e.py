@@ -25,9 +25,18 @@ def rlexp_command(run_dir: Path, *overrides: str) -> list[str]:
     return [sys.executable, "-m", "rlexp", f"hydra.run.dir={run_dir}", *QUICK, *overrides]
 
 
+def own_env() -> dict[str, str]:
+    """This process's environment without ``WANDB_SERVICE``: W&B puts its service's address there when an
+    in-process test starts it, and a child that inherits it would register its run with this process's
+    service, where a killed child's run stays open ("run ID … is in use") however long one waits."""
+    return {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+
+
 def run_rlexp(run_dir: Path, *overrides: str, timeout: float = 600) -> str:
     """Run to completion; returns everything it printed (logs go to stdout, progress bars to stderr)."""
-    result = subprocess.run(rlexp_command(run_dir, *overrides), cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        rlexp_command(run_dir, *overrides), cwd=REPO, env=own_env(), capture_output=True, text=True, timeout=timeout
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout + result.stderr
 
@@ -94,7 +103,11 @@ def test_kill_9_past_a_checkpoint_then_resume_logs_each_step_once(tmp_path, monk
 
     killed = tmp_path / "killed"
     tracked = [*overrides, "logger=[mlflow,wandb]", f"logger.mlflow.tracking_uri={mlflow_server.uri}"]
-    process = subprocess.Popen(rlexp_command(killed, *tracked), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # its own process group, killed whole as a preempted pod or a failed node is (W&B's service with it)
+    process = subprocess.Popen(
+        rlexp_command(killed, *tracked), cwd=REPO, env=own_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     client = MlflowClient(mlflow_server.uri)
 
     def step_3_on_the_server() -> bool:  # logged and sent: a resume that sent it again would double it
@@ -107,7 +120,7 @@ def test_kill_9_past_a_checkpoint_then_resume_logs_each_step_once(tmp_path, monk
         assert process.poll() is None, "the run ended before it could be killed"
         assert time.time() < deadline
         time.sleep(0.1)
-    os.kill(process.pid, signal.SIGKILL)
+    os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     assert not (killed / "checkpoints" / "global_step_4").exists()
     assert 3 in _logged_steps(killed)
