@@ -9,9 +9,11 @@ template, so any Qwen-style checkpoint gets its own formatting.
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 from PIL import Image
 
 from rlexp.envs import HISTORY_STYLES, drop_feedback, history_head
+from rlexp.models.vision import FramePatcher
 from rlexp.rollout.engine import VisionInputs
 
 _TEXT = "\x00TEXT\x00"
@@ -75,6 +77,8 @@ class TurnFormatter:
         self.first_prefix, self.first_suffix = first.split(_TEXT)
         later = self._template([_user("a"), {"role": "assistant", "content": [{"type": "text", "text": _REPLY}]}, _user(_TEXT)])
         self.next_prefix, self.next_suffix = later.split(_REPLY)[1].split(_TEXT)
+        self.image_token = processor.image_token
+        self.patcher = FramePatcher(processor.image_processor)
         self.eos_text = "<|im_end|>"
         self.eos_id = tokenizer.convert_tokens_to_ids(self.eos_text)
 
@@ -90,11 +94,20 @@ class TurnFormatter:
                 prefix, suffix = self.next_prefix, self.next_suffix
                 if after_eos and prefix.startswith(self.eos_text):
                     prefix = prefix[len(self.eos_text):]
-            batch = self.processor(text=[prefix + text + suffix], images=[Image.fromarray(turn.image)], return_tensors="pt")
-            turn.encoded[key] = Segment(
-                batch["input_ids"][0].tolist(), VisionInputs(batch["pixel_values"], batch["image_grid_thw"])
-            )
+            turn.encoded[key] = self._segment(prefix + text + suffix, turn.image)
         return turn.encoded[key]
+
+    def _segment(self, text: str, image: np.ndarray) -> Segment:
+        """The text with its one image: the frame kept as uint8 for ``FramePatcher`` where the processor
+        would not resize it (the processor's own token ids and patches, tested), else the processor's output."""
+        height, width = image.shape[:2]
+        if self.patcher.handles(height, width):
+            expanded = text.replace(self.image_token, self.image_token * self.patcher.num_tokens(height, width))
+            frames = torch.from_numpy(np.ascontiguousarray(image))[None]
+            vision = VisionInputs(None, self.patcher.grid_thw(height, width), frames=frames, patcher=self.patcher)
+            return Segment(self.processor.tokenizer(expanded)["input_ids"], vision)
+        batch = self.processor(text=[text], images=[Image.fromarray(image)], return_tensors="pt")
+        return Segment(batch["input_ids"][0].tolist(), VisionInputs(batch["pixel_values"], batch["image_grid_thw"]))
 
 
 def _user(text: str) -> dict:

@@ -7,7 +7,7 @@ already processed by the policy's processor, which an in-process engine can use 
 """
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -15,18 +15,36 @@ import torch
 
 @dataclass
 class VisionInputs:
-    """Processed images of one request: patches and one (t, h, w) grid row per image."""
+    """Processed images of one request: patches and one (t, h, w) grid row per image.
 
-    pixel_values: torch.Tensor
+    Either the patches are held (``pixel_values``), or the uint8 ``frames`` are, and ``patcher``
+    (``rlexp.models.vision.FramePatcher``) makes the same patches where the model runs: 8x fewer bytes
+    to keep for training and to move, and no image processing on the CPU.
+    """
+
+    pixel_values: torch.Tensor | None
     image_grid_thw: torch.Tensor
+    #: uint8 (N, H, W, 3), when ``pixel_values`` is None.
+    frames: torch.Tensor | None = None
+    patcher: Any = None
+
+    def tensors(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``pixel_values`` and ``image_grid_thw`` on ``device``."""
+        if self.pixel_values is None:
+            pixel_values = self.patcher.pixel_values(self.frames, device)
+        else:
+            pixel_values = self.pixel_values.to(device)
+        return pixel_values, self.image_grid_thw.to(device)
 
     @staticmethod
     def concat(parts: "list[VisionInputs]") -> "VisionInputs | None":
         if not parts:
             return None
-        return VisionInputs(
-            torch.cat([p.pixel_values for p in parts]), torch.cat([p.image_grid_thw for p in parts])
-        )
+        grid = torch.cat([p.image_grid_thw for p in parts])
+        first = parts[0]
+        if all(p.frames is not None and p.patcher is first.patcher and p.frames.shape[1:] == first.frames.shape[1:] for p in parts):
+            return VisionInputs(None, grid, frames=torch.cat([p.frames for p in parts]), patcher=first.patcher)
+        return VisionInputs(torch.cat([p.tensors("cpu")[0] for p in parts]), grid)
 
 
 @dataclass

@@ -73,10 +73,10 @@ class HFEngine:
             "attention_mask": attention_mask,
             "mm_token_type_ids": mm_token_type_ids(input_ids, self.model.config),
         }
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
         vision = VisionInputs.concat([self._vision(r) for r in requests if r.images or r.vision is not None])
         if vision is not None:
-            inputs.update(pixel_values=vision.pixel_values, image_grid_thw=vision.image_grid_thw)
-        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+            inputs["pixel_values"], inputs["image_grid_thw"] = vision.tensors(self.device)
         recorder = _LogprobRecorder(params.temperature, self.suppressed_ids)
         was_training = self.model.training
         self.model.eval()

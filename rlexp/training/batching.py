@@ -25,10 +25,11 @@ def collate(sequences: list[Sequence], pad_id: int, model_config, device: torch.
         "mm_token_type_ids": mm_token_type_ids(input_ids, model_config),
         "loss_mask": loss_mask[:, 1:],
     }
+    batch = {k: v.to(device) for k, v in batch.items()}
     vision = VisionInputs.concat([s.vision for s in sequences if s.vision is not None])
     if vision is not None:
-        batch.update(pixel_values=vision.pixel_values, image_grid_thw=vision.image_grid_thw)
-    return {k: v.to(device) for k, v in batch.items()}
+        batch["pixel_values"], batch["image_grid_thw"] = vision.tensors(device)
+    return batch
 
 
 def token_logprobs(

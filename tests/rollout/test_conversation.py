@@ -202,3 +202,21 @@ def test_trainer_scores_the_visgym_context_the_engine_saw(formatter):
 def test_unknown_history_style_is_refused():
     with pytest.raises(ValueError, match="visgym.*last_k"):
         Trajectory(maze_index=0, sample_index=0, task_prompt="x", history_style="all")
+
+
+@pytest.mark.parametrize("side", [288, 225])
+def test_a_turn_tokenizes_and_patchifies_as_the_processor_does(formatter, tiny_processor, side):
+    """288 px is kept as a uint8 frame and patchified where the model runs; 225 px (which the processor
+    resizes) takes the processor's path. Both give the processor's own ids and patches, bit for bit."""
+    import torch
+
+    image = np.random.default_rng(side).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    turn = Turn(image=image, text="This is step 1.")
+    segment = formatter.encode(turn, "Find the red goal.\nThis is step 1.", first=True, after_eos=False)
+    text = formatter.first_prefix + "Find the red goal.\nThis is step 1." + formatter.first_suffix
+    reference = tiny_processor(text=[text], images=[Image.fromarray(image)], return_tensors="pt")
+    assert segment.token_ids == reference["input_ids"][0].tolist()
+    assert (segment.vision.frames is not None) == (side == 288)
+    pixel_values, grid = segment.vision.tensors("cpu")
+    assert torch.equal(grid, reference["image_grid_thw"])
+    assert torch.equal(pixel_values, reference["pixel_values"])
