@@ -72,6 +72,9 @@ def restore_rng_states(states: dict[str, Any]) -> None:
 class CheckpointSaveError(OSError):
     """A checkpoint could not be written (a full disk, say); the message names the path and the free space."""
 
+    def __str__(self) -> str:
+        return self.strerror
+
 
 def save_checkpoint(
     ckpt_root: Path, step: int, model, trainer_state: dict[str, Any], config: DictConfig, keep_last: int

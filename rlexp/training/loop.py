@@ -25,6 +25,7 @@ from rlexp.rollout.conversation import TurnFormatter
 from rlexp.runtime import RunDirBusy, run_dir_lock, run_dir_of, seed_everything
 from rlexp.tracking import Trackers, build_trackers, discard_records
 from rlexp.training.checkpoint import (
+    CheckpointSaveError,
     ResumeError,
     load_trainer_state,
     resolve_resume,
@@ -132,6 +133,7 @@ class TrainingRun:
                 self.eval_due = self.step % cfg.eval_interval == 0 or self.step == cfg.total_steps
                 self.trackers.log_metrics(metrics, self.step)
                 log.info(_step_line(self.step, cfg.total_steps, metrics))
+            self.preemption.check()  # a signal during the last save: its checkpoint is written, the exit says so
         except Preempted:
             self._checkpoint_preempted()
             raise
@@ -205,7 +207,8 @@ def run_training(cfg: DictConfig, make_step: Callable[[TrainingRun], TrainStep])
     recipe's step, and always close the trackers (FINISHED; KILLED after a preemption, then exit
     128 + signal; FAILED on an exception) so that one failed job does not kill a sweep. A run dir held by
     another process or a refused resume (see ``resolve_resume``) ends with one line before any tracker
-    or file of the run dir is touched; in a multirun it fails that job only."""
+    or file of the run dir is touched, and a checkpoint that cannot be written (a full disk) with one
+    line naming it and the free space; in a multirun it fails that job only."""
     run_dir = run_dir_of(cfg)
     try:
         with run_dir_lock(run_dir), Preemption(cfg.preempt_grace_s) as preemption:
@@ -224,7 +227,7 @@ def run_training(cfg: DictConfig, make_step: Callable[[TrainingRun], TrainStep])
                 exit_code = preempted.exit_code
             finally:
                 trackers.finish(status)
-    except (ResumeError, RunDirBusy) as error:
+    except (ResumeError, RunDirBusy, CheckpointSaveError) as error:
         if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
             raise
         sys.exit(f"rlexp: {error}")
