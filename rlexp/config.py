@@ -318,6 +318,10 @@ class Config:
     eval_interval: int = ranged(10, "[1, inf)")
     ckpt_interval: int = ranged(20, "[1, inf)")
     keep_last_ckpts: int = ranged(3, "[1, inf)")
+    #: on SIGTERM/SIGINT: seconds to write a checkpoint and close the trackers before exiting 143/130 regardless
+    #: (set it below the pod's terminationGracePeriodSeconds). Beside ``ckpt_interval``, not under
+    #: ``checkpoint``, which is the path ``task=eval`` reads.
+    preempt_grace_s: float = ranged(60.0, "(0, 3600]")
     #: for task=eval: a checkpoint dir (or adapter dir) to evaluate.
     checkpoint: Optional[str] = None
     model: ModelConfig = field(default_factory=ModelConfig)

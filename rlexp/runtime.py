@@ -1,6 +1,10 @@
-"""Process-level facts every task shares: where a run lives, and seeding."""
+"""Process-level facts every task shares: where a run lives, who holds it, and seeding."""
 
+import fcntl
+import os
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -21,3 +25,35 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+class RunDirBusy(RuntimeError):
+    """Another live process holds the run dir."""
+
+
+@contextmanager
+def run_dir_lock(run_dir: Path) -> Iterator[None]:
+    """Hold ``<run_dir>/.lock`` for the ``with`` block, or raise ``RunDirBusy`` naming the holder's pid.
+
+    An exclusive ``flock``: the kernel drops it when its holder dies however it dies (kill -9 included),
+    so a dead holder's lock file never blocks. The file stays (deleting it would let two processes lock
+    two different files); the pid in it is only for the message. Python opens it non-inheritable, so
+    the subprocesses a run starts (W&B's service) do not keep it held after the run is gone.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / ".lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise RunDirBusy(
+                f"run dir {run_dir} is in use by pid {holder} (lock {path}); wait for it to end, or pick another run_name"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)

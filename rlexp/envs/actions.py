@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import re
+import warnings
 
 from rlexp.envs.maze import MOVE_DOWN, MOVE_LEFT, MOVE_RIGHT, MOVE_UP, STOP
 from rlexp.envs.prompts import (
@@ -119,7 +120,7 @@ def _parse_bare(text: str) -> tuple[int | None, str | None]:
     if len(text) > _MAX_SCAN_CHARS or len(text.strip()) > _MAX_SPAN_CHARS:
         return None, cannot_parse(text)
     try:
-        value = ast.literal_eval(text)
+        value = _literal(text)
     except Exception:  # VisGym: "Cannot parse action string ..."
         return None, cannot_parse(text)
     if not isinstance(value, tuple) or len(value) != 2:
@@ -150,12 +151,20 @@ def _last_action_tuple(text: str) -> tuple | None:
     for start, end in spans[:_MAX_LITERAL_EVALS]:
         candidate = _BARE_NAME_RE.sub(r"('\1'\2", text[start:end], count=1)
         try:
-            value = ast.literal_eval(candidate)
+            value = _literal(candidate)
         except Exception:  # any malformed literal just means "not an action"
             continue
         if isinstance(value, tuple) and value and isinstance(value[0], str):
             return value
     return None
+
+
+def _literal(text: str):
+    """``ast.literal_eval`` without the SyntaxWarnings Python prints for text like ``0or 1`` (model output
+    would fill the log with them); errors still raise."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        return ast.literal_eval(text)
 
 
 def _validate(action_tuple: tuple) -> tuple[int | None, str | None]:

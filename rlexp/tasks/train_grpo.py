@@ -33,10 +33,12 @@ class GRPOStep:
 
     def __call__(self) -> dict[str, float]:
         run, algo = self.run, self.algo
-        mazes = run.stream.next_batch(algo.train_batch_size)
-        trajectories, t_generate = timed(
-            run_rollouts, run.engine, run.formatter, mazes, self.cfg.env, algo.n_samples_per_prompt, self.sampling, turn_limit(self.cfg)
-        )
+        with run.preemption.abandonable():  # changes nothing a checkpoint holds (stream and RNG are restored)
+            mazes = run.stream.next_batch(algo.train_batch_size)
+            trajectories, t_generate = timed(
+                run_rollouts, run.engine, run.formatter, mazes, self.cfg.env, algo.n_samples_per_prompt, self.sampling,
+                turn_limit(self.cfg),
+            )
         rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
         advantages = group_advantages(rewards, algo.n_samples_per_prompt, norm_by_std=algo.norm_by_std)
         keep = torch.ones_like(rewards, dtype=torch.bool)

@@ -14,9 +14,12 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from rlexp.tracking.secrets import redact
+
 log = logging.getLogger(__name__)
 
-Status = Literal["FINISHED", "FAILED"]
+#: how a run ended; KILLED: preempted (SIGTERM/SIGINT) after checkpointing, to be resumed.
+Status = Literal["FINISHED", "FAILED", "KILLED"]
 
 #: config groups whose chosen option becomes a ``choice.<group>`` tag.
 TAGGED_CHOICES = ("model", "cluster", "env", "algorithm", "rollout", "experiment")
@@ -92,7 +95,8 @@ class JsonlTracker:
 
 class Trackers:
     """Sends every call to each tracker. A tracker that raises is reported and skipped for that call, so
-    that a tracking problem never ends a training run."""
+    that a tracking problem never ends a training run. Params and tags go out with secrets redacted
+    (``rlexp.tracking.secrets``)."""
 
     def __init__(self, trackers: list[Tracker]):
         self.trackers = trackers
@@ -109,10 +113,10 @@ class Trackers:
             log.warning("%s.%s failed; continuing without it", type(tracker).__name__, method, exc_info=True)
 
     def log_params(self, params: dict[str, Any]) -> None:
-        self._each("log_params", params)
+        self._each("log_params", redact(params))
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self._each("set_tags", tags)
+        self._each("set_tags", redact(tags))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self._each("log_metrics", metrics, step)

@@ -34,6 +34,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.utils.validation import MAX_ENTITY_KEY_LENGTH, MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
 
 from rlexp.tracking.base import Status, default_artifact_path
+from rlexp.tracking.secrets import redact
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class MlflowTracker:
 
         self._append({"op": "start", "start_id": uuid.uuid4().hex, "time": _now_ms()})
         if tags:
-            self.set_tags(tags)
+            self.set_tags(redact(tags))
         self._flush()
 
     # -- the Tracker interface: journal, then send ----------------------------------------------------
@@ -155,7 +156,7 @@ class MlflowTracker:
         self._record({"op": "artifact", "path": str(path), "artifact_path": artifact_path})
 
     def finish(self, status: Status = "FINISHED") -> None:
-        """Ends the run as FINISHED or FAILED, waiting at most ``flush_timeout_s`` for the store."""
+        """Ends the run as FINISHED, FAILED or KILLED, waiting at most ``flush_timeout_s`` for the store."""
         self._append({"op": "status", "status": status, "time": _now_ms()})
         deadline = time.monotonic() + self.flush_timeout_s
         while not self._flush(force=True) and not self._refused and time.monotonic() < deadline:

@@ -17,6 +17,7 @@ import wandb
 from wandb.proto import wandb_internal_pb2
 
 from rlexp.tracking.base import Status, default_artifact_path
+from rlexp.tracking.secrets import redact
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class WandbTracker:
             project=project,
             entity=entity,
             group=group or run_info.get("group"),
-            tags=[t[:MAX_TAG_LENGTH] for t in tags or []],
+            tags=[t[:MAX_TAG_LENGTH] for t in redact(tags or [])],
             name=run_info.get("run_name") or self.run_dir.name,
             id=self.run_id,
             resume="allow",
@@ -156,7 +157,10 @@ class WandbTracker:
             self.run.log({key: media(str(path))}, step=self._step)
 
     def finish(self, status: Status = "FINISHED") -> None:
-        self.run.finish(exit_code=0 if status == "FINISHED" else 1)
+        """KILLED (a preemption) is W&B's "preempted" state: marked preempting, ending with SIGTERM's 143."""
+        if status == "KILLED":
+            self.run.mark_preempting()
+        self.run.finish(exit_code={"FINISHED": 0, "FAILED": 1, "KILLED": 143}[status])
 
 
 #: how long a resumed run waits for W&B to release its run id (see ``_init_when_free``).

@@ -5,10 +5,14 @@ Each is written to a temp dir and renamed into place, so a kill never leaves a h
 files do not match is skipped with a warning and the previous one is used.
 
 Layout: ``policy/`` (the LoRA adapter, standard peft format), ``trainer_state.pt`` (optimizer,
-scheduler, RNG states, step, maze-stream position), ``config.yaml`` (the resolved config).
+scheduler, RNG states, step, maze-stream position), ``config.yaml`` (the resolved config, secrets redacted).
 
 A save that dies leaves a ``.tmp-global_step_N-*`` dir; it is never listed as a checkpoint and is removed
-at the next save and when a run starts (``resolve_resume``).
+at the next save and when a run starts (``resolve_resume``). A save that fails (a full disk) removes its
+temp dir at once and raises ``CheckpointSaveError`` naming the path and the free space; the checkpoints
+already there are untouched. Saving a step that already has a checkpoint moves the old one aside
+(``.old-global_step_N``) before the new one takes its name, so a kill in between leaves one of the two,
+and the next start puts the old one back.
 """
 
 import hashlib
@@ -25,13 +29,20 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rlexp.tracking.secrets import redact
+
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 PREFIX = "global_step_"
 TMP_PREFIX = f".tmp-{PREFIX}"
-#: files every checkpoint has; a manifest that does not list them describes no usable checkpoint.
-REQUIRED_FILES = ("trainer_state.pt", "policy/adapter_model.safetensors", "policy/adapter_config.json")
+OLD_PREFIX = f".old-{PREFIX}"
+#: files every checkpoint has, and what they hold; a manifest that does not list them describes no usable checkpoint.
+REQUIRED_FILES = {
+    "trainer_state.pt": "optimizer, scheduler and RNG state",
+    "policy/adapter_model.safetensors": "LoRA weights",
+    "policy/adapter_config.json": "LoRA config",
+}
 
 
 def _sha256(path: Path) -> str:
@@ -58,6 +69,13 @@ def restore_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
+class CheckpointSaveError(OSError):
+    """A checkpoint could not be written (a full disk, say); the message names the path and the free space."""
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
 def save_checkpoint(
     ckpt_root: Path, step: int, model, trainer_state: dict[str, Any], config: DictConfig, keep_last: int
 ) -> Path:
@@ -66,16 +84,28 @@ def save_checkpoint(
     remove_temp_dirs(ckpt_root)
     final = ckpt_root / f"{PREFIX}{step}"
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{step}-", dir=ckpt_root))
-    model.save_pretrained(tmp / "policy")
-    torch.save({**trainer_state, "step": step, "rng": rng_states()}, tmp / "trainer_state.pt")
-    (tmp / "config.yaml").write_text(OmegaConf.to_yaml(config, resolve=True))
-    files = sorted(p for p in tmp.rglob("*") if p.is_file())
-    manifest = {"step": step, "files": {str(p.relative_to(tmp)): _sha256(p) for p in files}}
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    _fsync_tree(tmp)
+    try:
+        model.save_pretrained(tmp / "policy")
+        torch.save({**trainer_state, "step": step, "rng": rng_states()}, tmp / "trainer_state.pt")
+        (tmp / "config.yaml").write_text(OmegaConf.to_yaml(redact(OmegaConf.to_container(config, resolve=True, enum_to_str=True))))
+        files = sorted(p for p in tmp.rglob("*") if p.is_file())
+        manifest = {"step": step, "files": {str(p.relative_to(tmp)): _sha256(p) for p in files}}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        _fsync_tree(tmp)
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(ckpt_root).free
+        previous = list_checkpoints(ckpt_root)
+        raise CheckpointSaveError(
+            error.errno, f"saving checkpoint {final} failed ({error.strerror or error}); {free / 2**20:.1f} MiB free on "
+            f"{ckpt_root}; nothing of it was kept, and {previous[-1].name if previous else 'no earlier checkpoint'} is intact"
+        ) from error
+    aside = ckpt_root / f"{OLD_PREFIX}{step}"
     if final.exists():
-        shutil.rmtree(final)
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(final, aside)
     os.replace(tmp, final)
+    shutil.rmtree(aside, ignore_errors=True)
     for old in list_checkpoints(ckpt_root)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -89,9 +119,17 @@ def _fsync_tree(root: Path) -> None:
 
 
 def remove_temp_dirs(ckpt_root: Path) -> list[Path]:
-    """Delete what saves that died left behind (``.tmp-global_step_*``); the dirs removed."""
+    """Delete what saves that died left behind (``.tmp-global_step_*``), and put back a checkpoint that a
+    re-save had moved aside (``.old-global_step_N``) when the new one never took its place; the dirs removed."""
     if not ckpt_root.is_dir():
         return []
+    for aside in [p for p in ckpt_root.iterdir() if p.name.startswith(OLD_PREFIX)]:
+        final = ckpt_root / aside.name[len(".old-"):]
+        if final.exists():
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            log.info("restoring %s, moved aside by a save of the same step that did not finish", final)
+            os.replace(aside, final)
     leftovers = [p for p in ckpt_root.iterdir() if p.name.startswith(TMP_PREFIX)]
     for path in leftovers:
         log.info("removing %s, left by a checkpoint save that did not finish", path)
@@ -141,10 +179,11 @@ def verify_checkpoint(path: Path) -> str | None:
         file = path / name
         if not file.resolve().is_relative_to(root):
             return f"manifest names {name}, outside the checkpoint"
+        what = f" ({REQUIRED_FILES[name]})" if name in REQUIRED_FILES else ""
         if not file.is_file():
-            return f"missing {name}"
+            return f"missing {name}{what}"
         if _sha256(file) != digest:
-            return f"{name} does not match its checksum"
+            return f"{name}{what} does not match its checksum"
     return None
 
 

@@ -1,6 +1,9 @@
 """What every training recipe shares: the policy and its optimizer, the maze stream, resume, and the
 step loop with eval and checkpoint scheduling. A recipe (``rlexp/tasks/train_*.py``) supplies the
 step; components (engine, optimizer, lr schedule) come from config through ``_target_``.
+
+One process holds a run dir at a time (``run_dir_lock``). On SIGTERM/SIGINT the loop checkpoints the
+last whole state and exits 143/130 with the tracked run marked KILLED (see ``rlexp.training.preemption``).
 """
 
 import json
@@ -19,9 +22,18 @@ from rlexp.envs import TrainingMazeStream, load_pinned, min_expert_steps, pinned
 from rlexp.evaluation.evaluate import EvalResult, evaluate_model, record_eval
 from rlexp.models import load_policy, never_generated_ids
 from rlexp.rollout.conversation import TurnFormatter
-from rlexp.runtime import run_dir_of, seed_everything
+from rlexp.runtime import RunDirBusy, run_dir_lock, run_dir_of, seed_everything
 from rlexp.tracking import Trackers, build_trackers, discard_records
-from rlexp.training.checkpoint import ResumeError, load_trainer_state, resolve_resume, restore_rng_states, save_checkpoint
+from rlexp.training.checkpoint import (
+    CheckpointSaveError,
+    ResumeError,
+    load_trainer_state,
+    resolve_resume,
+    restore_rng_states,
+    rng_states,
+    save_checkpoint,
+)
+from rlexp.training.preemption import Preempted, Preemption
 from rlexp.training.update import PolicyUpdate
 
 log = logging.getLogger(__name__)
@@ -50,9 +62,14 @@ def stream_limit(cfg: DictConfig) -> int:
 
 
 class TrainingRun:
-    def __init__(self, cfg: DictConfig, run_dir: Path, trackers: Trackers, checkpoint: Path | None = None):
-        """``checkpoint``: the one to continue from (``resolve_resume`` picks it), or None to start fresh."""
+    def __init__(
+        self, cfg: DictConfig, run_dir: Path, trackers: Trackers, checkpoint: Path | None = None,
+        preemption: Preemption | None = None,
+    ):
+        """``checkpoint``: the one to continue from (``resolve_resume`` picks it), or None to start fresh.
+        ``preemption``: the signal handling of this process (recipes mark their abandonable work with it)."""
         self.cfg, self.run_dir, self.trackers = cfg, run_dir, trackers
+        self.preemption = preemption or Preemption(cfg.preempt_grace_s)
         self.ckpt_root = run_dir / "checkpoints"
         seed_everything(cfg.seed)
         self.model, self.processor = load_policy(
@@ -70,6 +87,10 @@ class TrainingRun:
         self.pinned = load_pinned(cfg.env.pinned_set)[: cfg.eval.num_mazes]
         self.stream = TrainingMazeStream(cfg.env.size, stream_limit(cfg), cfg.seed, pinned_layout_hashes(cfg.env.pinned_set))
         self.step = 0
+        #: the eval of ``step`` is still to run (at a fresh start; in a checkpoint written while it was due).
+        self.eval_due = True
+        #: (step, eval_due) of the newest checkpoint of this run, None before the first.
+        self.saved: tuple[int, bool] | None = None
         self.last_eval: EvalResult | None = None
         if checkpoint is not None:
             state = load_trainer_state(checkpoint)
@@ -77,36 +98,71 @@ class TrainingRun:
             self.scheduler.load_state_dict(state["scheduler"])
             self.stream.load_state_dict(state["stream"])
             self.step = state["step"]
+            self.eval_due = state.get("eval_due", False)
+            self.saved = (self.step, self.eval_due)
             restore_rng_states(state["rng"])
             log.info("resumed from %s at step %d", checkpoint, self.step)
         self.trackers.resume_from(self.step)
 
     def fit(self, train_step: TrainStep) -> float:
-        """Steps until ``total_steps``, evaluating and checkpointing on schedule; the final eval's success."""
+        """Steps until ``total_steps``, evaluating and checkpointing on schedule; the final eval's success.
+        Raises ``Preempted`` after checkpointing the last whole state when a signal came."""
         cfg = self.cfg
         log.info("run dir: %s", self.run_dir)
         finished = self._finished_eval()
         if finished is not None:
             log.info("run already finished at step %d: %s; nothing to do (a new run_name starts another)", self.step, finished.summary())
             return finished.success_rate
-        if self.step == 0:
-            self.evaluate()
-        while self.step < cfg.total_steps:
-            metrics = train_step()
-            self.step += 1
-            last = self.step == cfg.total_steps
-            self.trackers.log_metrics(metrics, self.step)
-            log.info(_step_line(self.step, cfg.total_steps, metrics))
-            if self.step % cfg.eval_interval == 0 or last:
-                self.evaluate()
-            if self.step % cfg.ckpt_interval == 0 or last:
-                path = self.save()
-                self.trackers.set_tags({"checkpoint": str(path.resolve())})
-                log.info("checkpoint: %s", path)
+        try:
+            while True:
+                self._mark_whole()
+                if self.eval_due:
+                    self.evaluate()
+                    self.eval_due = False
+                    self._mark_whole()
+                    if self.saved == (self.step, True):  # that checkpoint's eval is done now: say so in it
+                        self.save()
+                if self.step > 0 and (self.step % cfg.ckpt_interval == 0 or self.step == cfg.total_steps):
+                    if self.saved is None or self.saved[0] != self.step:
+                        self.save()
+                if self.step >= cfg.total_steps:
+                    break
+                self.preemption.check()
+                metrics = train_step()
+                self.step += 1
+                self.eval_due = self.step % cfg.eval_interval == 0 or self.step == cfg.total_steps
+                self.trackers.log_metrics(metrics, self.step)
+                log.info(_step_line(self.step, cfg.total_steps, metrics))
+            self.preemption.check()  # a signal during the last save: its checkpoint is written, the exit says so
+        except Preempted:
+            self._checkpoint_preempted()
+            raise
         if self.last_eval is None:
             self.evaluate()
         log.info("done: %s; run dir %s", self.last_eval.summary(), self.run_dir)
         return self.last_eval.success_rate
+
+    def _mark_whole(self) -> None:
+        """Remember the stream position and RNG states here, where model, optimizer, ``step`` and
+        ``eval_due`` agree: a preemption in abandonable work after it checkpoints this point."""
+        self._whole = (self.stream.state_dict(), rng_states())
+
+    def _checkpoint_preempted(self) -> None:
+        stream, rng = self._whole
+        self.stream.load_state_dict(stream)
+        restore_rng_states(rng)
+        since = self.preemption.seconds_since_signal
+        if self.step == 0:
+            log.warning("preempted before the first step: nothing to checkpoint; the next start begins afresh")
+        elif self.saved == (self.step, self.eval_due):
+            log.warning("preempted at step %d, %.1f s after the signal: its checkpoint is already written", self.step, since())
+        else:
+            path = self.save()
+            log.warning(
+                "preempted at step %d: checkpoint %s written %.1f s after the signal (preempt_grace_s=%g)",
+                self.step, path, since(), self.cfg.preempt_grace_s,
+            )
+        log.warning("the same command (same run_name) resumes this run")
 
     def _finished_eval(self) -> EvalResult | None:
         """The final eval of a run resumed at its last step, read back instead of run and logged again."""
@@ -123,7 +179,8 @@ class TrainingRun:
     def evaluate(self) -> EvalResult:
         cfg = self.cfg
         start = time.perf_counter()
-        result, trajectories = evaluate_model(self.engine, self.formatter, self.pinned, cfg.env, cfg.rollout, cfg.eval)
+        with self.preemption.abandonable():
+            result, trajectories = evaluate_model(self.engine, self.formatter, self.pinned, cfg.env, cfg.rollout, cfg.eval)
         self.trackers.log_metrics({"timing/eval_s": time.perf_counter() - start}, self.step)
         path = self.eval_path(self.step)
         record_eval(result, trajectories, self.pinned, path, self.trackers, self.step, cfg.env.cell_px)
@@ -136,33 +193,45 @@ class TrainingRun:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "stream": self.stream.state_dict(),
+            "eval_due": self.eval_due,
         }
-        return save_checkpoint(self.ckpt_root, self.step, self.model, state, self.cfg, self.cfg.keep_last_ckpts)
+        path = save_checkpoint(self.ckpt_root, self.step, self.model, state, self.cfg, self.cfg.keep_last_ckpts)
+        self.saved = (self.step, self.eval_due)
+        self.trackers.set_tags({"checkpoint": str(path.resolve())})
+        log.info("checkpoint: %s", path)
+        return path
 
 
 def run_training(cfg: DictConfig, make_step: Callable[[TrainingRun], TrainStep]) -> float:
-    """Pick the checkpoint to resume from, build the run and its trackers, fit with the recipe's step,
-    and always close the trackers (FINISHED, or FAILED on an exception) so that one failed job does not
-    kill a sweep. A refused resume (see ``resolve_resume``) ends with one line before any tracker or
-    file of the run dir is touched; in a multirun it fails that job only."""
+    """Lock the run dir, pick the checkpoint to resume from, build the run and its trackers, fit with the
+    recipe's step, and always close the trackers (FINISHED; KILLED after a preemption, then exit
+    128 + signal; FAILED on an exception) so that one failed job does not kill a sweep. A run dir held by
+    another process or a refused resume (see ``resolve_resume``) ends with one line before any tracker
+    or file of the run dir is touched, and a checkpoint that cannot be written (a full disk) with one
+    line naming it and the free space; in a multirun it fails that job only."""
     run_dir = run_dir_of(cfg)
     try:
-        checkpoint = resolve_resume(run_dir / "checkpoints", cfg.resume)
-    except ResumeError as error:
+        with run_dir_lock(run_dir), Preemption(cfg.preempt_grace_s) as preemption:
+            checkpoint = resolve_resume(run_dir / "checkpoints", cfg.resume)
+            if cfg.resume == "overwrite":
+                discard_records(run_dir)
+            trackers = build_trackers(cfg.logger, run_dir, cfg)
+            status = "FAILED"
+            try:
+                run = TrainingRun(cfg, run_dir, trackers, checkpoint, preemption)
+                result = run.fit(make_step(run))
+                status = "FINISHED"
+                return result
+            except Preempted as preempted:
+                status = "KILLED"
+                exit_code = preempted.exit_code
+            finally:
+                trackers.finish(status)
+    except (ResumeError, RunDirBusy, CheckpointSaveError) as error:
         if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
             raise
         sys.exit(f"rlexp: {error}")
-    if cfg.resume == "overwrite":
-        discard_records(run_dir)
-    trackers = build_trackers(cfg.logger, run_dir, cfg)
-    status = "FAILED"
-    try:
-        run = TrainingRun(cfg, run_dir, trackers, checkpoint)
-        result = run.fit(make_step(run))
-        status = "FINISHED"
-        return result
-    finally:
-        trackers.finish(status)
+    raise SystemExit(exit_code)
 
 
 def timed(fn, *args, **kwargs):

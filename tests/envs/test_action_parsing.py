@@ -312,3 +312,11 @@ def test_every_prompt_shows_its_action_format(prompt, fmt):
 def test_unknown_prompt_names_the_choices():
     with pytest.raises(ValueError, match="visgym.*skyrl_instruct"):
         task_prompt("chatty", TUPLE, 20, size=9)
+
+
+@pytest.mark.parametrize("text", ["('move', 0or 1)", "(1in (1,))", "('stop', 1and 2)", "1is 1"])
+def test_model_text_python_warns_about_is_parsed_silently(text, recwarn):
+    for fmt in ACTION_FORMATS:
+        action, feedback = parse_action(text, fmt)
+        assert action is None and feedback
+    assert not [w for w in recwarn if issubclass(w.category, SyntaxWarning)]

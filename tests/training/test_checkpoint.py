@@ -1,8 +1,11 @@
 """Checkpoints without a model: what verifies, what is corrupt (and why), leftovers of failed saves,
 resume choices, RNG states; then the refusals through the real CLI (they stop before any model loads)."""
 
+import errno
 import json
 import logging
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,9 +87,9 @@ def test_manifest_must_list_the_files_a_checkpoint_needs(tmp_path, required):
 def test_missing_or_changed_or_escaping_file_is_corrupt(tmp_path):
     path = _save(tmp_path, 1)
     (path / "policy" / "adapter_model.safetensors").write_bytes(b"other")
-    assert verify_checkpoint(path) == "policy/adapter_model.safetensors does not match its checksum"
+    assert verify_checkpoint(path) == "policy/adapter_model.safetensors (LoRA weights) does not match its checksum"
     (_save(tmp_path, 2) / "trainer_state.pt").unlink()
-    assert verify_checkpoint(tmp_path / "global_step_2") == "missing trainer_state.pt"
+    assert verify_checkpoint(tmp_path / "global_step_2") == "missing trainer_state.pt (optimizer, scheduler and RNG state)"
     manifest = _manifest(_save(tmp_path, 3))
     manifest["files"]["../global_step_1/config.yaml"] = "0" * 64
     (tmp_path / "global_step_3" / "manifest.json").write_text(json.dumps(manifest))
@@ -123,19 +126,64 @@ def test_temp_dirs_of_failed_saves_are_never_listed_and_are_removed(tmp_path):
     assert not (tmp_path / ".tmp-global_step_3-def456").exists()
 
 
-def test_failed_save_leaves_no_checkpoint_and_its_leftover_goes_at_start(tmp_path, monkeypatch):
+class _FullDisk:
+    """``open`` whose files raise ENOSPC once ``budget`` bytes have been written to them in all, as a disk
+    that fills up during a save does (the file layer both ``torch.save`` and ``Path.write_text`` use)."""
+
+    def __init__(self, real_open, budget: int):
+        self.real_open, self.budget = real_open, budget
+
+    def __call__(self, file, mode="r", *args, **kwargs):
+        handle = self.real_open(file, mode, *args, **kwargs)
+        if not any(c in mode for c in "wax+"):
+            return handle
+        disk, write = self, handle.write
+
+        def limited(data):
+            if len(data) > disk.budget:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+            disk.budget -= len(data)
+            return write(data)
+
+        handle.write = limited
+        return handle
+
+
+@pytest.mark.parametrize("budget", [0, 60, 500])
+def test_disk_full_during_save_keeps_the_previous_and_leaves_nothing(tmp_path, monkeypatch, budget):
+    import builtins
+    import io
+
     _save(tmp_path, 1)
-
-    def dies(*args, **kwargs):
-        raise OSError("disk full")
-
-    monkeypatch.setattr(ckpt, "_fsync_tree", dies)
-    with pytest.raises(OSError):
+    full = _FullDisk(builtins.open, budget)
+    monkeypatch.setattr(builtins, "open", full)
+    monkeypatch.setattr(io, "open", full)
+    with pytest.raises(ckpt.CheckpointSaveError) as raised:
         _save(tmp_path, 2)
-    assert list_checkpoints(tmp_path) == [tmp_path / "global_step_1"]
-    assert [p.name[:19] for p in tmp_path.glob(".tmp-*")] == [".tmp-global_step_2-"]
+    message = str(raised.value)
+    assert str(tmp_path / "global_step_2") in message and "No space left on device" in message
+    assert re.search(r"\d+\.\d MiB free on ", message) and "global_step_1 is intact" in message
+    assert raised.value.errno == errno.ENOSPC
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_1"]  # no partial folder to pick up
+    monkeypatch.undo()
+    assert verify_checkpoint(tmp_path / "global_step_1") is None
     assert resolve_resume(tmp_path, "latest") == tmp_path / "global_step_1"
-    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_saving_a_step_again_replaces_it_and_a_kill_in_between_keeps_the_old(tmp_path, monkeypatch):
+    first = _save(tmp_path, 1)
+    old_state = (first / "trainer_state.pt").read_bytes()
+    second = save_checkpoint(tmp_path, 1, _Adapter(), {"optimizer": {"changed": 1}}, OmegaConf.create({"seed": 0}), 10)
+    assert second == first and verify_checkpoint(second) is None
+    assert (second / "trainer_state.pt").read_bytes() != old_state
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_1"]
+
+    # killed after the old one was moved aside, before the new one took its name
+    (tmp_path / ".tmp-global_step_1-x").mkdir()
+    os.replace(first, tmp_path / ".old-global_step_1")
+    assert resolve_resume(tmp_path, "latest") == tmp_path / "global_step_1"
+    assert verify_checkpoint(tmp_path / "global_step_1") is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_1"]
 
 
 def test_keep_last_prunes_oldest(tmp_path):
@@ -155,7 +203,7 @@ def test_resolve_resume_choices(tmp_path):
     assert list_checkpoints(root) == [first, second]  # refused: untouched
 
     (second / "trainer_state.pt").write_bytes(b"x")
-    with pytest.raises(ResumeError, match="not a usable checkpoint .trainer_state.pt does not match"):
+    with pytest.raises(ResumeError, match=r"not a usable checkpoint .trainer_state.pt \(optimizer, scheduler and RNG state\) does not match"):
         resolve_resume(root, str(second))
     with pytest.raises(ResumeError, match="no such dir"):
         resolve_resume(root, str(root / "global_step_9"))
@@ -201,8 +249,12 @@ def _rlexp(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
-    """Every file of the run dir but Hydra's own (``.hydra/``, the job's ``.log``), written before any task runs."""
-    files = (p for p in sorted(root.rglob("*")) if p.is_file() and ".hydra" not in p.parts and p.suffix != ".log")
+    """Every file of the run dir but Hydra's own (``.hydra/``, the job's ``.log``), written before any task runs,
+    and the run dir's lock (``.lock``, taken before the resume is checked)."""
+    files = (
+        p for p in sorted(root.rglob("*"))
+        if p.is_file() and ".hydra" not in p.parts and p.suffix != ".log" and p.name != ".lock"
+    )
     return {str(p.relative_to(root)): p.read_bytes() for p in files}
 
 

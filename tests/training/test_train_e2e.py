@@ -4,56 +4,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
-from safetensors.torch import load_file
 
 from conftest import REPO
+from e2e_support import adapter, logged_steps, metrics_by_step, own_env, rlexp_command, run_rlexp
 from tracking_support import isolate_wandb, wandb_history, wandb_records
 
 pytestmark = pytest.mark.slow
-
-#: small enough for a 2-core CPU; every override is an ordinary Hydra override a user could type.
-QUICK = ["eval.num_mazes=4", "rollout.max_turns=3", "rollout.max_new_tokens_per_turn=8"]
-
-
-def rlexp_command(run_dir: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "rlexp", f"hydra.run.dir={run_dir}", *QUICK, *overrides]
-
-
-def own_env() -> dict[str, str]:
-    """This process's environment without ``WANDB_SERVICE``: W&B puts its service's address there when an
-    in-process test starts it, and a child that inherits it would register its run with this process's
-    service, where a killed child's run stays open ("run ID … is in use") however long one waits."""
-    return {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
-
-
-def run_rlexp(run_dir: Path, *overrides: str, timeout: float = 600) -> str:
-    """Run to completion; returns everything it printed (logs go to stdout, progress bars to stderr)."""
-    result = subprocess.run(
-        rlexp_command(run_dir, *overrides), cwd=REPO, env=own_env(), capture_output=True, text=True, timeout=timeout
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout + result.stderr
-
-
-def metrics_by_step(run_dir: Path) -> dict[int, dict]:
-    """Training-step metrics (the last record of each step), without wall-clock figures."""
-    steps: dict[int, dict] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "train/loss" in record:
-            steps[record["step"]] = {k: v for k, v in record.items() if not k.startswith(("timing/", "time"))}
-    return steps
-
-
-def adapter(run_dir: Path, step: int) -> dict:
-    return load_file(run_dir / "checkpoints" / f"global_step_{step}" / "policy" / "adapter_model.safetensors")
-
 
 def test_two_step_run_leaves_metrics_evals_and_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
@@ -82,11 +42,6 @@ def test_two_step_run_leaves_metrics_evals_and_checkpoint(tmp_path):
     # the saved adapter, evaluated afresh, replays the run's final greedy eval exactly
     final_rows = (run_dir / "eval" / "step_000002.jsonl").read_text().splitlines()
     assert (eval_dir / "eval" / "model.jsonl").read_text().splitlines() == final_rows
-
-
-def _logged_steps(run_dir: Path) -> list[int]:
-    """The step of every metrics.jsonl line that carries a training step's metrics."""
-    return [r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "train/loss" in r]
 
 
 def test_kill_9_past_a_checkpoint_then_resume_logs_each_step_once(tmp_path, monkeypatch, mlflow_server):
@@ -123,11 +78,11 @@ def test_kill_9_past_a_checkpoint_then_resume_logs_each_step_once(tmp_path, monk
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     assert not (killed / "checkpoints" / "global_step_4").exists()
-    assert 3 in _logged_steps(killed)
+    assert 3 in logged_steps(killed)
 
     output = run_rlexp(killed, *tracked)
     assert "resumed from" in output and "global_step_2" in output
-    assert _logged_steps(killed) == [1, 2, 3, 4]
+    assert logged_steps(killed) == [1, 2, 3, 4]
     assert metrics_by_step(killed) == metrics_by_step(straight)  # the resumed run's values, equal to a straight run
     final_straight, final_resumed = adapter(straight, 4), adapter(killed, 4)
     assert final_straight.keys() == final_resumed.keys()
@@ -171,7 +126,7 @@ def test_resume_overwrite_starts_fresh(tmp_path):
     output = run_rlexp(run_dir, "total_steps=1", "ckpt_interval=1", "eval_interval=10", "resume=overwrite")
     assert "resumed from" not in output
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["global_step_1"]
-    assert _logged_steps(run_dir) == [1]
+    assert logged_steps(run_dir) == [1]
     evals = [r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "eval/success_rate" in r]
     assert evals == [0, 1]
 
