@@ -19,6 +19,7 @@ from rlexp.envs import TrainingMazeStream, load_pinned, min_expert_steps, pinned
 from rlexp.evaluation.evaluate import EvalResult, evaluate_model, record_eval
 from rlexp.models import load_policy, never_generated_ids
 from rlexp.rollout.conversation import TurnFormatter
+from rlexp.rollout.engine import build_engine
 from rlexp.runtime import run_dir_of, seed_everything
 from rlexp.tracking import Trackers, build_trackers, discard_records
 from rlexp.training.checkpoint import ResumeError, load_trainer_state, resolve_resume, restore_rng_states, save_checkpoint
@@ -59,7 +60,7 @@ class TrainingRun:
             cfg.model, cfg.cluster.device, adapter=checkpoint and checkpoint / "policy", trainable=True
         )
         self.formatter = TurnFormatter(self.processor)
-        self.engine = instantiate(cfg.rollout.engine, model=self.model, processor=self.processor)
+        self.engine = build_engine(cfg.rollout.engine, model=self.model, processor=self.processor)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = instantiate(cfg.algorithm.optimizer)(params, lr=cfg.algorithm.lr)
         self.scheduler = instantiate(cfg.algorithm.lr_scheduler)(self.optimizer, warmup_steps=cfg.algorithm.lr_warmup_steps)
@@ -94,6 +95,7 @@ class TrainingRun:
         while self.step < cfg.total_steps:
             metrics = train_step()
             self.step += 1
+            metrics.update(self.sync_engine())
             last = self.step == cfg.total_steps
             self.trackers.log_metrics(metrics, self.step)
             log.info(_step_line(self.step, cfg.total_steps, metrics))
@@ -107,6 +109,13 @@ class TrainingRun:
             self.evaluate()
         log.info("done: %s; run dir %s", self.last_eval.summary(), self.run_dir)
         return self.last_eval.success_rate
+
+    def sync_engine(self) -> dict[str, float]:
+        """The one place where the updated policy reaches the engine, after every step: the ``hf`` engine
+        shares the trainer's parameters; vLLM serves the LoRA adapter written to ``<run>/global_step_N/policy``
+        (the original's layout on shared storage)."""
+        _, seconds = timed(self.engine.load_weights, self.run_dir / f"global_step_{self.step}" / "policy")
+        return {"timing/sync_s": seconds}
 
     def _finished_eval(self) -> EvalResult | None:
         """The final eval of a run resumed at its last step, read back instead of run and logged again."""
