@@ -32,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from peft import PeftModel
 from PIL import Image
 
 from rlexp.models import never_generated_ids
@@ -87,12 +88,13 @@ class VLLMEngine:
 
         self.model, self.processor = model, processor
         self.tokenizer = processor.tokenizer
-        base = model.get_base_model() if hasattr(model, "peft_config") else model
+        lora_model = isinstance(model, PeftModel)
+        base = model.get_base_model() if lora_model else model
         self.image_token_id = base.config.image_token_id
         self.eos_ids = stop_token_ids(base, self.tokenizer)
         self.mask = {token: float("-inf") for token in never_generated_ids(self.tokenizer)}
         self.sleep_level = str(sleep_level)
-        self.lora_rank = model.peft_config["default"].r if hasattr(model, "peft_config") else None
+        self.lora_rank = model.peft_config["default"].r if lora_model else None
         lora = {}
         if self.lora_rank is not None:
             max_rank = next((r for r in VLLM_LORA_RANKS if r >= self.lora_rank), None)
@@ -186,6 +188,11 @@ class VLLMEngine:
         if not engine.add_lora(request):
             raise RuntimeError(f"vLLM did not load the LoRA adapter at {path}")
         self._lora = request
+
+    def close(self) -> None:
+        """Stop vLLM's engine process and remove the scratch adapters (its GPU memory is free after this)."""
+        self.llm.llm_engine.engine_core.shutdown()
+        self._scratch.cleanup()
 
     # -- colocation ---------------------------------------------------------------------------------
 
