@@ -195,7 +195,7 @@ class AlgorithmConfig:
 HF_ENGINE, VLLM_ENGINE = "rlexp.rollout.hf_engine.HFEngine", "rlexp.rollout.vllm_engine.VLLMEngine"
 ENGINE_OPTIONS = {
     HF_ENGINE: ("static_cache",),
-    VLLM_ENGINE: ("gpu_memory_utilization", "sleep_level", "max_model_len", "max_images_per_prompt", "seed"),
+    VLLM_ENGINE: ("gpu_memory_utilization", "sleep_level", "max_model_len", "max_images_per_prompt", "seed", "enforce_eager"),
 }
 #: ``rollout.engine.sleep_level``: 0 never sleeps, 1 moves the weights to host memory, 2 drops them (read
 #: again on waking); auto measures the first update and picks 0 or 1.
@@ -220,6 +220,8 @@ class EngineConfig:
     max_images_per_prompt: Optional[int] = ranged(None, "[1, 1000]")
     #: vllm: its sampling seed.
     seed: Optional[int] = ranged(None, "[0, 2147483647]")
+    #: vllm: no torch.compile or CUDA graphs: a start of seconds instead of minutes, slower decoding.
+    enforce_eager: Optional[bool] = None
 
 
 @dataclass

@@ -78,6 +78,7 @@ class VLLMEngine:
         max_model_len: int | None = None,
         max_images_per_prompt: int = 1,
         seed: int = 0,
+        enforce_eager: bool = False,
     ):
         reason = vllm_missing()
         if reason:
@@ -112,6 +113,7 @@ class VLLMEngine:
             limit_mm_per_prompt={"image": max_images_per_prompt, "video": 0},
             logprobs_mode="processed_logprobs",
             generation_config="vllm",
+            enforce_eager=enforce_eager,
             **lora,
         )
         self._scratch = tempfile.TemporaryDirectory(prefix="rlexp-vllm-adapters-")
@@ -147,6 +149,8 @@ class VLLMEngine:
             stop_token_ids=self.eos_ids,
             logit_bias=self.mask,
             logprobs=0,
+            # the reply's text is decoded here, with the trainer's tokenizer; vLLM's is needed for stop strings only
+            detokenize=bool(params.stop),
         )
         results = self.llm.generate(prompts, sampling, use_tqdm=False, lora_request=self._lora)
         outputs = []

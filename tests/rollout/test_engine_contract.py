@@ -54,7 +54,7 @@ def _build(name: str, model, processor, sleep_level: str = "0"):
 
     return VLLMEngine(
         model, processor, gpu_memory_utilization=0.1, sleep_level=sleep_level, max_model_len=4096,
-        max_images_per_prompt=4, seed=0,
+        max_images_per_prompt=4, seed=0, enforce_eager=True,
     )
 
 
@@ -234,7 +234,8 @@ def test_rollout_vllm_trains_from_the_entrypoint(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "rlexp", "rollout=vllm", "cluster=gpu_1x", "cluster.gpu_memory_gb=0", "cluster.cpu_memory_gb=0",
          "logger=none", "total_steps=2", "eval.num_mazes=2", "rollout.max_turns=3", "rollout.max_new_tokens_per_turn=8",
-         "rollout.engine.gpu_memory_utilization=0.2", "rollout.engine.max_model_len=4096", f"hydra.run.dir={run_dir}"],
+         "rollout.engine.gpu_memory_utilization=0.2", "rollout.engine.max_model_len=4096", "rollout.engine.enforce_eager=true",
+         f"hydra.run.dir={run_dir}"],
         cwd=REPO, capture_output=True, text=True, timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
