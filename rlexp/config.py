@@ -343,7 +343,7 @@ class Config:
     eval_interval: int = ranged(10, "[1, inf)")
     ckpt_interval: int = ranged(20, "[1, inf)")
     keep_last_ckpts: int = ranged(3, "[1, inf)")
-    #: for task=eval: a checkpoint dir (or adapter dir) to evaluate.
+    #: for task=eval and task=export: a checkpoint dir (or adapter dir) to evaluate or export.
     checkpoint: Optional[str] = None
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -449,6 +449,8 @@ GRPO_ONLY = {
     "loss_reduction": LossReduction.token_mean,
 }
 RESUME_MODES = ("latest", "none", "overwrite")
+#: tasks that read ``checkpoint``.
+CHECKPOINT_TASKS = ("eval", "export")
 
 
 def validate(cfg: Any) -> None:
@@ -564,10 +566,14 @@ def _check_run(cfg: Any) -> None:
             f"resume={cfg.resume} is neither {', '.join(RESUME_MODES)} nor an existing checkpoint path"
         )
     if cfg.checkpoint is not None:
-        if task != "eval":
-            raise ConfigError(f"checkpoint={cfg.checkpoint} is read by task=eval only; to continue training use resume=<path>")
+        if task not in CHECKPOINT_TASKS:
+            raise ConfigError(
+                f"checkpoint={cfg.checkpoint} is read by task=eval and task=export only; to continue training use resume=<path>"
+            )
         if not Path(cfg.checkpoint).exists():
             raise ConfigError(f"checkpoint={cfg.checkpoint} does not exist")
+    elif task == "export":
+        raise ConfigError("task=export needs checkpoint=<run>/checkpoints/global_step_N (the LoRA checkpoint to merge)")
     if cfg.eval.greedy and cfg.eval.samples_per_maze != 1:
         raise ConfigError(
             f"eval.samples_per_maze={cfg.eval.samples_per_maze} is read only with eval.greedy=false (greedy eval plays "
