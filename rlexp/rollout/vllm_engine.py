@@ -178,8 +178,10 @@ class VLLMEngine:
         previous = self._lora
         self._serve(path)
         if previous is not None and Path(previous.lora_path) != path:
-            shutil.rmtree(previous.lora_path, ignore_errors=True)
-            _remove_if_empty(Path(previous.lora_path).parent)
+            old = Path(previous.lora_path)
+            shutil.rmtree(old, ignore_errors=True)
+            if old.parent != Path(self._scratch.name):
+                _remove_if_empty(old.parent)  # <run>/global_step_N, once its policy/ is gone
 
     def _serve(self, path: Path) -> None:
         from vllm.lora.request import LoRARequest

@@ -200,19 +200,23 @@ def test_sleep_and_wake_keep_the_weights(setup, level):
         engine = _build(name, model, processor, sleep_level=level)
     elif level != "1":
         pytest.skip("the hf engine has no sleep levels")
-    requests = _requests(processor, mazes=1)
-    before = engine.generate(requests, GREEDY)
-    engine.sleep()
-    held = torch.empty(2**28, dtype=torch.uint8, device=DEVICE)  # the update's memory (256 MiB)
-    del held
-    engine.wake_up()
-    after = engine.generate(requests, GREEDY)
-    assert [o.token_ids for o in after] == [o.token_ids for o in before]
-    torch.testing.assert_close(torch.tensor([lp for o in after for lp in o.logprobs]), torch.tensor([lp for o in before for lp in o.logprobs]))
-    if level == "auto" and name == "vllm":
-        assert engine.sleep_level == "0", "256 MiB of update fit beside a 10% engine: auto should stop sleeping"
-    if name == "vllm":
-        _close(engine)
+    try:
+        requests = _requests(processor, mazes=1)
+        before = engine.generate(requests, GREEDY)
+        engine.sleep()
+        held = torch.empty(2**28, dtype=torch.uint8, device=DEVICE)  # the update's memory (256 MiB)
+        del held
+        engine.wake_up()
+        after = engine.generate(requests, GREEDY)
+        assert [o.token_ids for o in after] == [o.token_ids for o in before]
+        torch.testing.assert_close(
+            torch.tensor([lp for o in after for lp in o.logprobs]), torch.tensor([lp for o in before for lp in o.logprobs])
+        )
+        if level == "auto" and name == "vllm":
+            assert engine.sleep_level == "0", "256 MiB of update fit beside a 10% engine: auto should stop sleeping"
+    finally:
+        if name == "vllm":
+            _close(engine)
 
 
 def test_prompt_ids_collapse_to_one_pad_per_image_and_a_mismatch_is_named(tiny_processor):

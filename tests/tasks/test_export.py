@@ -94,11 +94,13 @@ def test_vllm_serves_the_merged_model_and_the_adapter_alike(exported):
     model = AutoModelForImageTextToText.from_pretrained(merged)
     processor = AutoProcessor.from_pretrained(merged)
     requests = _requests(processor)
-    engine = VLLMEngine(model, processor, **options)
-    from_merged = engine.generate(requests, GREEDY)
-    engine.close()
+    replies = []
     base, _ = load_model_and_processor(resolve_model_path("tiny"))
-    engine = VLLMEngine(PeftModel.from_pretrained(base, str(adapter)), processor, **options)
-    dynamic = engine.generate(requests, GREEDY)
-    engine.close()
+    for policy in (model, PeftModel.from_pretrained(base, str(adapter))):
+        engine = VLLMEngine(policy, processor, **options)
+        try:
+            replies.append(engine.generate(requests, GREEDY))
+        finally:
+            engine.close()
+    from_merged, dynamic = replies
     assert [o.token_ids for o in from_merged] == [o.token_ids for o in dynamic]
