@@ -79,7 +79,7 @@ def build_8b(out_dir: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, default=Path(tempfile.gettempdir()) / "qwen3vl-8b-random")
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", tempfile.mkdtemp())))
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")), help="where vllm_rollout.json goes")
     parser.add_argument("--batches", type=int, nargs="+", default=[64, 256], help="rollout batch sizes (episodes)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.45)
     args = parser.parse_args()
@@ -95,7 +95,7 @@ def main() -> None:
     from rlexp.training.loop import TrainingRun, timed
 
     model_dir = build_8b(args.model_dir)
-    run_dir = args.out / "run"
+    run_dir = Path(tempfile.mkdtemp(prefix="bench-vllm-run-"))  # the synced adapters go here, not to --out
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[
@@ -110,6 +110,7 @@ def main() -> None:
     prepare(cfg)
     print(f"machine: {torch.cuda.get_device_name(0)}, torch {torch.__version__}; vLLM {__import__('vllm').__version__}")
 
+    args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     run = TrainingRun(cfg, run_dir, build_trackers(cfg.logger, run_dir, cfg))
     print(f"policy load + vLLM engine start: {time.perf_counter() - start:.0f} s")
@@ -117,12 +118,17 @@ def main() -> None:
     run_rollouts(run.engine, run.formatter, run.stream.next_batch(1), cfg.env, SAMPLES, sampling, 1)  # warm-up
 
     figures = {}
+
+    def record(key, value):
+        figures[key] = value
+        (args.out / "vllm_rollout.json").write_text(json.dumps(figures, indent=2) + "\n")
+
     for batch in args.batches:
         trajectories, seconds = timed(
             run_rollouts, run.engine, run.formatter, run.stream.next_batch(batch // SAMPLES), cfg.env, SAMPLES, sampling, TURNS
         )
         tokens = sum(len(turn.response_ids) for t in trajectories for turn in t.turns)
-        figures[f"rollout_B{batch}_tok_per_s"] = tokens / seconds
+        record(f"rollout_B{batch}_tok_per_s", tokens / seconds)
         print(f"rollout B={batch} x {TURNS} turns: {tokens} tokens in {seconds:.1f} s = {tokens / seconds:,.0f} tok/s")
 
     step = GRPOStep(run)
@@ -141,12 +147,11 @@ def main() -> None:
             + f" s; {metrics['timing/generate_tokens_per_s']:,.0f} tok/s; colocation (sleep + wake + sync) "
             f"{colocation:.1f} s = {colocation / wall:.1%} of the step; logprob_gap {metrics.get('rollout/logprob_gap', float('nan')):.2e}"
         )
-        figures[f"grpo_step{index}"] = {**parts, "wall_s": wall, "colocation_share": colocation / wall, **{
-            k: metrics[k] for k in ("timing/generate_tokens_per_s", "rollout/logprob_gap") if k in metrics}}
+        record(f"grpo_step{index}", {**parts, "wall_s": wall, "colocation_share": colocation / wall, **{
+            k: metrics[k] for k in ("timing/generate_tokens_per_s", "rollout/logprob_gap") if k in metrics}})
     _, seconds = timed(run.evaluate)
     print(f"eval of the pinned 64 (greedy, <= {TURNS} turns): {seconds:.1f} s")
-    figures["eval_s"] = seconds
-    (args.out / "vllm_rollout.json").write_text(json.dumps(figures, indent=2) + "\n")
+    record("eval_s", seconds)
     run.engine.close()
 
 

@@ -2,7 +2,7 @@
 
 ``checkpoint=<run>/checkpoints/global_step_N`` evaluates that checkpoint as it was trained: the
 ``model``, ``env`` and ``rollout`` settings come from its ``config.yaml``, and only the keys under them
-that are given on the command line override those.
+that are given on the command line override those; the engine (``rollout.engine``) is this command's.
 """
 
 import logging
@@ -75,6 +75,8 @@ def with_checkpoint_config(cfg: DictConfig, checkpoint: Path) -> DictConfig:
     merged = cfg.copy()
     for section in CHECKPOINT_SECTIONS:
         merged[section] = OmegaConf.merge(cfg[section], _known_keys(OmegaConf.to_container(saved[section]), cfg[section]))
+    # the engine is how this machine generates (rollout=hf or vllm), not part of what was trained
+    merged.rollout.engine = cfg.rollout.engine
     overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
     with open_dict(merged):
         for override in OverridesParser.create().parse_overrides(list(overrides)):

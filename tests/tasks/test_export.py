@@ -104,3 +104,4 @@ def test_vllm_serves_the_merged_model_and_the_adapter_alike(exported):
             engine.close()
     from_merged, dynamic = replies
     assert [o.token_ids for o in from_merged] == [o.token_ids for o in dynamic]
+
