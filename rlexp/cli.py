@@ -24,7 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlexp.config import COMPUTE_TASKS, ConfigError, register_configs, schema_keys, schema_node, validate
+from rlexp.config import COMPUTE_TASKS, VLLM_ENGINE, ConfigError, register_configs, schema_keys, schema_node, validate
 from rlexp.tasks import TASKS
 
 log = logging.getLogger(__name__)
@@ -156,10 +156,15 @@ def prepare(cfg: DictConfig) -> None:
 def check_machine(cfg: Any) -> None:
     """What ``cluster`` promises, checked against this machine before any model loads: the device exists
     and has at least ``gpu_memory_gb``, and the host at least ``cpu_memory_gb`` (5% slack for GB/GiB
-    rounding in vendors' figures)."""
+    rounding in vendors' figures); ``rollout=vllm`` finds vLLM installed."""
     cluster = cfg.cluster
     if str(cluster.device).startswith("cuda"):
         _check_cuda_device(cluster)
+    if cfg.rollout.engine._target_ == VLLM_ENGINE:
+        from rlexp.rollout.vllm_engine import vllm_missing
+
+        if reason := vllm_missing():
+            raise ConfigError(reason)
     host_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
     if host_gb < 0.95 * cluster.cpu_memory_gb:
         raise ConfigError(

@@ -190,13 +190,38 @@ class AlgorithmConfig:
     max_grad_norm: float = ranged(1.0, "(0, inf)")
 
 
+#: the engines rlexp ships and the options each reads; an option left null is not passed to the engine
+#: (``rlexp.rollout.engine.build_engine``), and one set for an engine that does not read it is refused.
+HF_ENGINE, VLLM_ENGINE = "rlexp.rollout.hf_engine.HFEngine", "rlexp.rollout.vllm_engine.VLLMEngine"
+ENGINE_OPTIONS = {
+    HF_ENGINE: ("static_cache",),
+    VLLM_ENGINE: ("gpu_memory_utilization", "sleep_level", "max_model_len", "max_images_per_prompt", "seed", "enforce_eager"),
+}
+#: ``rollout.engine.sleep_level``: 0 never sleeps, 1 moves the weights to host memory, 2 drops them (read
+#: again on waking); auto measures the first update and picks 0 or 1.
+SLEEP_LEVELS = ("auto", "0", "1", "2")
+
+
 @dataclass
 class EngineConfig:
-    """The inference engine, ``instantiate``-d with ``model`` and ``processor``."""
+    """The inference engine (``rollout=hf`` or ``rollout=vllm``), built with ``model`` and ``processor`` and the
+    options below that its option sets (the others stay null)."""
 
-    _target_: str = "rlexp.rollout.hf_engine.HFEngine"
-    #: transformers' static KV cache (measured 2.6x faster for the 8B model on an H200).
-    static_cache: bool = False
+    _target_: str = HF_ENGINE
+    #: hf: transformers' static KV cache (measured 2.6x faster for the 8B model on an H200).
+    static_cache: Optional[bool] = None
+    #: vllm: the share of the GPU's memory vLLM may take (weights, activations, KV cache).
+    gpu_memory_utilization: Optional[float] = ranged(None, "(0, 1]")
+    #: vllm: how the engine frees memory for the trainer's update: auto | 0 | 1 | 2 (see SLEEP_LEVELS).
+    sleep_level: Optional[str] = ranged(None, choices=SLEEP_LEVELS)
+    #: vllm: the longest context (prompt + reply) in tokens; null = the model's own limit.
+    max_model_len: Optional[int] = ranged(None, "[256, 1048576]")
+    #: vllm: images one prompt may carry (vLLM sizes its memory profile by it); at least the frames in a context.
+    max_images_per_prompt: Optional[int] = ranged(None, "[1, 1000]")
+    #: vllm: its sampling seed.
+    seed: Optional[int] = ranged(None, "[0, 2147483647]")
+    #: vllm: no torch.compile or CUDA graphs: a start of seconds instead of minutes, slower decoding.
+    enforce_eager: Optional[bool] = None
 
 
 @dataclass
@@ -322,7 +347,7 @@ class Config:
     #: (set it below the pod's terminationGracePeriodSeconds). Beside ``ckpt_interval``, not under
     #: ``checkpoint``, which is the path ``task=eval`` reads.
     preempt_grace_s: float = ranged(60.0, "(0, 3600]")
-    #: for task=eval: a checkpoint dir (or adapter dir) to evaluate.
+    #: for task=eval and task=export: a checkpoint dir (or adapter dir) to evaluate or export.
     checkpoint: Optional[str] = None
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -428,6 +453,8 @@ GRPO_ONLY = {
     "loss_reduction": LossReduction.token_mean,
 }
 RESUME_MODES = ("latest", "none", "overwrite")
+#: tasks that read ``checkpoint``.
+CHECKPOINT_TASKS = ("eval", "export")
 
 
 def validate(cfg: Any) -> None:
@@ -442,6 +469,7 @@ def validate(cfg: Any) -> None:
     _check_algorithm(cfg)
     _check_run(cfg)
     _check_targets(cfg)
+    _check_engine(cfg)
 
 
 def _check_cluster(cluster: Any) -> None:
@@ -542,10 +570,14 @@ def _check_run(cfg: Any) -> None:
             f"resume={cfg.resume} is neither {', '.join(RESUME_MODES)} nor an existing checkpoint path"
         )
     if cfg.checkpoint is not None:
-        if task != "eval":
-            raise ConfigError(f"checkpoint={cfg.checkpoint} is read by task=eval only; to continue training use resume=<path>")
+        if task not in CHECKPOINT_TASKS:
+            raise ConfigError(
+                f"checkpoint={cfg.checkpoint} is read by task=eval and task=export only; to continue training use resume=<path>"
+            )
         if not Path(cfg.checkpoint).exists():
             raise ConfigError(f"checkpoint={cfg.checkpoint} does not exist")
+    elif task == "export":
+        raise ConfigError("task=export needs checkpoint=<run>/checkpoints/global_step_N (the LoRA checkpoint to merge)")
     if cfg.eval.greedy and cfg.eval.samples_per_maze != 1:
         raise ConfigError(
             f"eval.samples_per_maze={cfg.eval.samples_per_maze} is read only with eval.greedy=false (greedy eval plays "
@@ -578,3 +610,25 @@ def _check_targets(cfg: Any) -> None:
             _locate(target)
         except Exception:  # ImportError, with a multi-line message
             raise ConfigError(f"{key}._target_={target} cannot be imported (no such module or attribute)") from None
+
+
+def _check_engine(cfg: Any) -> None:
+    """Each engine gets only its own options; vLLM runs on the first visible GPU, with LoRA ranks it can serve."""
+    engine = cfg.rollout.engine
+    target = engine._target_
+    if target in ENGINE_OPTIONS:
+        for f in dataclasses.fields(EngineConfig):
+            if f.name != "_target_" and engine[f.name] is not None and f.name not in ENGINE_OPTIONS[target]:
+                raise ConfigError(
+                    f"rollout.engine.{f.name}={_show(engine[f.name])} is not read by {target.rpartition('.')[2]} "
+                    f"(rollout.engine._target_); leave it null"
+                )
+    if target != VLLM_ENGINE:
+        return
+    if cfg.task.value in COMPUTE_TASKS and cfg.cluster.device not in ("cuda", "cuda:0"):
+        raise ConfigError(
+            f"rollout=vllm runs on the first visible GPU but cluster.device={cfg.cluster.device}; use cluster=gpu_1x "
+            "(pick the GPU with CUDA_VISIBLE_DEVICES)"
+        )
+    if cfg.model.lora.rank > 512:
+        raise ConfigError(f"model.lora.rank={cfg.model.lora.rank} with rollout=vllm: vLLM serves LoRA ranks up to 512")

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import compose_config
 from rlexp.cli import prepare
-from rlexp.config import ConfigError, field_type, schema_leaves, schema_node
+from rlexp.config import ENGINE_OPTIONS, ConfigError, EngineConfig, field_type, schema_leaves, schema_node
 
 PACKAGE = Path(__file__).resolve().parent.parent / "rlexp"
 #: keys that nothing reads yet, each with a value other than its default that validation must refuse.
@@ -77,11 +77,20 @@ def test_every_key_is_read_or_refused(key, names_read):
         with pytest.raises(ConfigError) as error:
             prepare(cfg)
         assert "\n" not in str(error.value) and key in str(error.value), str(error.value)
+    elif node is EngineConfig:
+        # every engine's options, each passed only to the engine that reads it (``build_engine``)
+        assert leaf == "_target_" or any(leaf in options for options in ENGINE_OPTIONS.values()), f"{key}: no engine reads it"
     elif "_target_" in {f.name for f in dataclasses.fields(node)}:
         # a component's options are arguments of the callable that ``instantiate`` builds
         assert leaf in INSTANTIATE_KEYS or leaf in _parameters(node._target_), f"{key} is not a parameter of {node._target_}"
     else:
         assert leaf in names_read, f"{key}: nothing in rlexp/ reads it; read it, or refuse it in validate() and list it in REFUSED"
+
+
+@pytest.mark.parametrize("target", sorted(ENGINE_OPTIONS))
+def test_engine_options_are_the_engines_parameters(target):
+    """What ``validate`` lets through to an engine is exactly what its constructor takes (beside the policy)."""
+    assert set(ENGINE_OPTIONS[target]) == _parameters(target) - {"self", "model", "processor"}
 
 
 def test_refused_keys_are_not_read(names_read):

@@ -28,7 +28,11 @@ def _options(group: str) -> list[str]:
 
 ALL_OPTIONS = [(group, option) for group in GROUPS for option in _options(group)]
 #: options that compose but describe runs that are not implemented yet: validation refuses them, naming this key.
-REFUSED = {("cluster", "hyperpod_g7e_12xlarge"): "cluster.launcher", ("experiment", "visgym_maze_grpo"): "cluster.launcher"}
+REFUSED = {
+    ("cluster", "hyperpod_g7e_12xlarge"): "cluster.launcher",
+    ("experiment", "visgym_maze_grpo"): "cluster.launcher",
+    ("rollout", "vllm"): "cluster.device",  # vLLM needs the GPU; test_rollout_vllm_validates_on_one_gpu
+}
 
 
 def test_every_group_has_options():
@@ -53,6 +57,29 @@ def test_option_composes_and_validates(group, option):
 
 def test_seed_recipe_validates_on_one_gpu():
     validate(compose_config("experiment=visgym_maze_grpo", "cluster=gpu_1x"))
+
+
+def test_rollout_vllm_validates_on_one_gpu():
+    cfg = compose_config("rollout=vllm", "cluster=gpu_1x", "rollout.max_turns=7", "seed=3")
+    validate(cfg)
+    assert (cfg.rollout.engine.max_images_per_prompt, cfg.rollout.engine.seed) == (7, 3)
+    assert cfg.rollout.engine.static_cache is None and compose_config().rollout.engine.sleep_level is None
+
+
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["rollout.engine.sleep_level=1"], "rollout.engine.sleep_level"),  # a vLLM option on the hf engine
+        (["rollout=vllm", "cluster=gpu_1x", "rollout.engine.static_cache=true"], "rollout.engine.static_cache"),
+        (["rollout=vllm", "cluster=gpu_1x", "rollout.engine.sleep_level=3"], "rollout.engine.sleep_level"),
+        (["rollout=vllm", "cluster=gpu_1x", "cluster.device=cuda:1"], "cluster.device"),
+        (["rollout=vllm", "cluster=gpu_1x", "model.lora.rank=1024"], "model.lora.rank"),
+    ],
+)
+def test_engine_options_are_checked(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as error:
+        validate(compose_config(*overrides))
+    assert "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize(

@@ -71,6 +71,9 @@ COMMANDS = {
         "tiny", "test_training_commands", extra=TINY_EVAL),
     "rlexp task=eval model.path=/path/to/sft-checkpoint eval.policy=model": Doc(
         "tiny", "test_training_commands", extra=TINY_EVAL, replace=(("/path/to/sft-checkpoint", TINY_MODEL),)),
+    "rlexp task=export checkpoint=outputs/tiny_cpu/try1/checkpoints/global_step_2": Doc("as written", "test_training_commands"),
+    # needs vLLM and a GPU: tests/rollout/test_engine_contract.py runs rollout=vllm from the entrypoint there
+    "rlexp rollout=vllm cluster=gpu_1x model.path=/fsx/qwen3-vl-8b-maze-sft": Doc("cfg job", "test_composing_commands"),
     "rlexp experiment=visgym_maze_grpo model.path=/fsx/qwen3-vl-8b-maze-sft --cfg job": Doc(
         "as written", "test_composing_commands"),
     "rlexp -m algorithm.n_samples_per_prompt=4,8 model.lora.rank=8,16": Doc(
@@ -212,7 +215,7 @@ def tiny_model_dir() -> str:
 @pytest.mark.slow
 def test_training_commands(tmp_path):
     """The README's command-line section in order, in one working dir: a run, a named run, resuming it,
-    evaluating its checkpoint, evaluating a plain model dir, and the report of them all."""
+    evaluating its checkpoint, exporting it, evaluating a plain model dir, and the report of them all."""
     cwd = workdir(tmp_path)
     runs = cwd / "outputs" / "tiny_cpu"
 
@@ -234,6 +237,12 @@ def test_training_commands(tmp_path):
     assert "eval (model) on maze_hard" in evaluated.log  # the checkpoint's own env, from its config.yaml
     (eval_dir,) = set(runs.iterdir()) - before
     assert json.loads((eval_dir / "eval" / "model.summary.json").read_text())["num_mazes"] == 2
+
+    before = set(runs.iterdir())
+    ok(run("rlexp task=export checkpoint=outputs/tiny_cpu/try1/checkpoints/global_step_2", cwd))
+    (export_dir,) = set(runs.iterdir()) - before
+    assert (export_dir / "merged" / "model.safetensors").is_file() and not (export_dir / "merged" / "adapter_config.json").exists()
+    assert (export_dir / "adapter" / "adapter_config.json").is_file()
 
     ok(run("rlexp task=eval model.path=/path/to/sft-checkpoint eval.policy=model", cwd, **{TINY_MODEL: tiny_model_dir()}))
     assert len(list(runs.glob("*/eval/model.summary.json"))) == 2

@@ -1,4 +1,4 @@
-"""The inference-engine contract shared by the ``hf`` engine (and a vLLM engine to come).
+"""The inference-engine contract shared by the ``hf`` and ``vllm`` engines, and how an engine is built.
 
 Token ids go in and come out, so that what the trainer later scores is exactly what the engine saw.
 Each request carries its frames (RGB arrays, in the order their ``<|image_pad|>`` runs appear in the
@@ -7,6 +7,7 @@ already processed by the policy's processor, which an in-process engine can use 
 """
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -81,11 +82,34 @@ class InferenceEngine(Protocol):
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
         """Generate one next turn for each request."""
 
-    def load_weights(self, adapter_path: str | None = None, adapter_id: int | None = None) -> None:
-        """Make the engine serve the current policy (a no-op where weights are shared in-process)."""
+    def load_weights(self, adapter_path: str | Path | None = None) -> None:
+        """Serve the policy's current weights. An engine in the trainer's process shares them (nothing to
+        do); one in another process gets the LoRA adapter through files, written to ``adapter_path`` (a
+        fresh dir each sync; a dir of its own when None)."""
 
     def sleep(self) -> None:
-        """Release accelerator memory for the trainer (colocated engines)."""
+        """Release accelerator memory for the trainer's update (colocated engines)."""
 
     def wake_up(self) -> None:
-        """Take back what ``sleep`` released."""
+        """Take back what ``sleep`` released, with the weights it held."""
+
+
+def build_engine(engine_cfg, **objects) -> InferenceEngine:
+    """The engine ``rollout.engine._target_`` names, built with ``objects`` (the policy and its processor)
+    and the options set for it: ``rollout.engine`` holds every engine's options, and one left null is not
+    passed (``rlexp.config.validate`` refuses an option set for an engine that does not read it)."""
+    from hydra.utils import instantiate
+
+    return instantiate({key: value for key, value in engine_cfg.items() if value is not None}, **objects)
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    """The ids that end a reply in every engine: the checkpoint's EOS ids, ``<|im_end|>`` and the tokenizer's EOS."""
+    configured = model.generation_config.eos_token_id if model.generation_config else None
+    ids = configured if isinstance(configured, list) else [configured]
+    ids = [i for i in ids if i is not None]
+    for token in ("<|im_end|>", tokenizer.eos_token):
+        token_id = tokenizer.convert_tokens_to_ids(token) if token else None
+        if token_id is not None and token_id != tokenizer.unk_token_id and token_id not in ids:
+            ids.append(token_id)
+    return ids

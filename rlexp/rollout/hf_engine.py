@@ -4,7 +4,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from rlexp.models import mm_token_type_ids, never_generated_ids
-from rlexp.rollout.engine import GenerationOutput, GenerationRequest, SamplingParams, VisionInputs
+from rlexp.rollout.engine import GenerationOutput, GenerationRequest, SamplingParams, VisionInputs, stop_token_ids
 
 
 class _LogprobRecorder(LogitsProcessor):
@@ -50,7 +50,7 @@ class HFEngine:
         self.tokenizer = processor.tokenizer
         self.static_cache = static_cache
         self.pad_id = self.tokenizer.pad_token_id
-        self.eos_ids = _eos_ids(model, self.tokenizer)
+        self.eos_ids = stop_token_ids(model, self.tokenizer)
         self.suppressed_ids = never_generated_ids(self.tokenizer)
 
     @property
@@ -141,7 +141,7 @@ class HFEngine:
             finish_reason=finish,
         )
 
-    def load_weights(self, adapter_path: str | None = None, adapter_id: int | None = None) -> None:
+    def load_weights(self, adapter_path=None) -> None:
         """Nothing to copy: the engine generates with the trainer's live parameters."""
 
     def sleep(self) -> None:
@@ -150,13 +150,3 @@ class HFEngine:
     def wake_up(self) -> None:
         pass
 
-
-def _eos_ids(model, tokenizer) -> list[int]:
-    configured = model.generation_config.eos_token_id if model.generation_config else None
-    ids = configured if isinstance(configured, list) else [configured]
-    ids = [i for i in ids if i is not None]
-    for token in ("<|im_end|>", tokenizer.eos_token):
-        token_id = tokenizer.convert_tokens_to_ids(token) if token else None
-        if token_id is not None and token_id != tokenizer.unk_token_id and token_id not in ids:
-            ids.append(token_id)
-    return ids

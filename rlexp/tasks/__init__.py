@@ -9,4 +9,5 @@ TASKS = {
     "train": "rlexp.tasks.train:train",
     "eval": "rlexp.tasks.eval:evaluate",
     "report": "rlexp.tasks.report:report",
+    "export": "rlexp.tasks.export:export",
 }

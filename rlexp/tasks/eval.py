@@ -2,7 +2,7 @@
 
 ``checkpoint=<run>/checkpoints/global_step_N`` evaluates that checkpoint as it was trained: the
 ``model``, ``env`` and ``rollout`` settings come from its ``config.yaml``, and only the keys under them
-that are given on the command line override those.
+that are given on the command line override those; the engine (``rollout.engine``) is this command's.
 """
 
 import logging
@@ -10,7 +10,6 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rlexp.envs import ExpertPolicy, NoisyExpertPolicy, RandomPolicy, load_pinned
@@ -18,6 +17,7 @@ from rlexp.evaluation.evaluate import EvalResult, episode_rows, evaluate_model, 
 from rlexp.models import load_policy
 from rlexp.rollout.conversation import Trajectory, TurnFormatter
 from rlexp.rollout.driver import scripted_trajectories
+from rlexp.rollout.engine import build_engine
 from rlexp.runtime import run_dir_of
 from rlexp.tracking import build_trackers
 
@@ -75,6 +75,8 @@ def with_checkpoint_config(cfg: DictConfig, checkpoint: Path) -> DictConfig:
     merged = cfg.copy()
     for section in CHECKPOINT_SECTIONS:
         merged[section] = OmegaConf.merge(cfg[section], _known_keys(OmegaConf.to_container(saved[section]), cfg[section]))
+    # the engine is how this machine generates (rollout=hf or vllm), not part of what was trained
+    merged.rollout.engine = cfg.rollout.engine
     overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
     with open_dict(merged):
         for override in OverridesParser.create().parse_overrides(list(overrides)):
@@ -86,7 +88,7 @@ def with_checkpoint_config(cfg: DictConfig, checkpoint: Path) -> DictConfig:
 
 def _evaluate_model(cfg: DictConfig, mazes, adapter: Path | None) -> tuple[EvalResult, list[Trajectory]]:
     model, processor = load_policy(cfg.model, cfg.cluster.device, adapter=adapter, trainable=False, new_adapter=False)
-    engine = instantiate(cfg.rollout.engine, model=model, processor=processor)
+    engine = build_engine(cfg.rollout.engine, model=model, processor=processor)
     return evaluate_model(engine, TurnFormatter(processor), mazes, cfg.env, cfg.rollout, cfg.eval)
 
 

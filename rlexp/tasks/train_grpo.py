@@ -2,8 +2,9 @@
 
 Each step samples ``train_batch_size`` mazes from a seeded stream disjoint from the pinned set, plays
 ``n_samples_per_prompt`` episodes of each with the engine, computes group advantages, scores old
-log-probs with the trainer (and the reference's where ``kl_coef > 0``), updates over mini-batches,
-then hands the new weights to the engine. The loss and its choices are in ``rlexp.algorithms.grpo``.
+log-probs with the trainer (and the reference's where ``kl_coef > 0``) and updates over mini-batches,
+with a colocated engine asleep meanwhile; the loop then hands the new weights to the engine. The loss
+and its choices are in ``rlexp.algorithms.grpo``.
 """
 
 import torch
@@ -39,6 +40,8 @@ class GRPOStep:
                 run_rollouts, run.engine, run.formatter, mazes, self.cfg.env, algo.n_samples_per_prompt, self.sampling,
                 turn_limit(self.cfg),
             )
+        # a colocated engine frees the GPU for scoring and the update, and is woken before the loop syncs it
+        _, t_sleep = timed(run.engine.sleep)
         rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
         advantages = group_advantages(rewards, algo.n_samples_per_prompt, norm_by_std=algo.norm_by_std)
         keep = torch.ones_like(rewards, dtype=torch.bool)
@@ -58,7 +61,7 @@ class GRPOStep:
             update, t_train = timed(run.update.run, samples, self.loss, self.cfg.rollout.temperature)
             metrics.update(update)
             metrics["timing/score_s"] = t_score
-        _, t_sync = timed(run.engine.load_weights)
+        _, t_wake = timed(run.engine.wake_up)
         generated = sum(len(turn.response_ids) for t in trajectories for turn in t.turns)
         return {
             **rollout_metrics(trajectories, rewards),
@@ -66,7 +69,8 @@ class GRPOStep:
             "train/samples": float(len(samples)),
             "timing/generate_s": t_generate,
             "timing/train_s": t_train,
-            "timing/sync_s": t_sync,
+            "timing/sleep_s": t_sleep,
+            "timing/wake_s": t_wake,
             "timing/generate_tokens_per_s": generated / max(t_generate, 1e-9),
         }
 

@@ -22,6 +22,7 @@ from rlexp.envs import TrainingMazeStream, load_pinned, min_expert_steps, pinned
 from rlexp.evaluation.evaluate import EvalResult, evaluate_model, record_eval
 from rlexp.models import load_policy, never_generated_ids
 from rlexp.rollout.conversation import TurnFormatter
+from rlexp.rollout.engine import build_engine
 from rlexp.runtime import RunDirBusy, run_dir_lock, run_dir_of, seed_everything
 from rlexp.tracking import Trackers, build_trackers, discard_records
 from rlexp.training.checkpoint import (
@@ -76,7 +77,7 @@ class TrainingRun:
             cfg.model, cfg.cluster.device, adapter=checkpoint and checkpoint / "policy", trainable=True
         )
         self.formatter = TurnFormatter(self.processor)
-        self.engine = instantiate(cfg.rollout.engine, model=self.model, processor=self.processor)
+        self.engine = build_engine(cfg.rollout.engine, model=self.model, processor=self.processor)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = instantiate(cfg.algorithm.optimizer)(params, lr=cfg.algorithm.lr)
         self.scheduler = instantiate(cfg.algorithm.lr_scheduler)(self.optimizer, warmup_steps=cfg.algorithm.lr_warmup_steps)
@@ -130,6 +131,7 @@ class TrainingRun:
                 self.preemption.check()
                 metrics = train_step()
                 self.step += 1
+                metrics.update(self.sync_engine())
                 self.eval_due = self.step % cfg.eval_interval == 0 or self.step == cfg.total_steps
                 self.trackers.log_metrics(metrics, self.step)
                 log.info(_step_line(self.step, cfg.total_steps, metrics))
@@ -163,6 +165,13 @@ class TrainingRun:
                 self.step, path, since(), self.cfg.preempt_grace_s,
             )
         log.warning("the same command (same run_name) resumes this run")
+
+    def sync_engine(self) -> dict[str, float]:
+        """The one place where the updated policy reaches the engine, after every step: the ``hf`` engine
+        shares the trainer's parameters; vLLM serves the LoRA adapter written to ``<run>/global_step_N/policy``
+        (the original's layout on shared storage)."""
+        _, seconds = timed(self.engine.load_weights, self.run_dir / f"global_step_{self.step}" / "policy")
+        return {"timing/sync_s": seconds}
 
     def _finished_eval(self) -> EvalResult | None:
         """The final eval of a run resumed at its last step, read back instead of run and logged again."""
