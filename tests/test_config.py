@@ -28,7 +28,17 @@ def _options(group: str) -> list[str]:
 
 ALL_OPTIONS = [(group, option) for group in GROUPS for option in _options(group)]
 #: options that compose but describe runs that are not implemented yet: validation refuses them, naming this key.
-REFUSED = {("cluster", "hyperpod_g7e_12xlarge"): "cluster.launcher", ("experiment", "visgym_maze_grpo"): "cluster.launcher"}
+REFUSED = {
+    ("cluster", "hyperpod_g7e_12xlarge"): "cluster.launcher",
+    ("experiment", "visgym_maze_grpo"): "cluster.launcher",
+    **{("cluster", multi_gpu): "cluster.launcher" for multi_gpu in ("gpu_2x", "p5_48xlarge", "p4d_24xlarge", "g6e_12xlarge")},
+}
+
+
+@pytest.mark.parametrize("option", [o for g, o in ALL_OPTIONS if g == "cluster"])
+def test_every_cluster_option_plans(option):
+    """``task=plan`` reads every cluster option, whatever training can run."""
+    validate(compose_config(f"cluster={option}", "task=plan"))
 
 
 def test_every_group_has_options():
