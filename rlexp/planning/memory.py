@@ -215,13 +215,14 @@ class MemoryPlan:
         return not self.problems
 
 
-def estimate(shape: RunShape) -> MemoryPlan:
+def estimate(shape: RunShape, sequence_tokens: int | None = None) -> MemoryPlan:
+    """``sequence_tokens``: the longest sequence where it is known (a benchmark's); else from the turns."""
     model = model_shape(shape.model_path)
     dtype = DTYPE_BYTES[shape.dtype]
     lora = lora_params(shape.model_path, shape.lora_rank, shape.lora_targets)
     sharded = shape.world > 1
     image_tokens = max(1, round(shape.image_side_px / model.pixels_per_token)) ** 2
-    sequence = (
+    sequence = sequence_tokens or (
         shape.prompt_tokens
         + shape.context_turns * (shape.turn_text_tokens + shape.reply_tokens + TEMPLATE_TOKENS + image_tokens)
     )
