@@ -179,6 +179,10 @@ def _check_cuda_device(cluster: Any) -> None:
     if not torch.cuda.is_available():
         raise ConfigError(f"cluster.device={cluster.device} but no CUDA device is visible here; use cluster=local_cpu")
     index = int(cluster.device.partition(":")[2] or 0)
+    if cluster.gpus_per_node > torch.cuda.device_count():
+        raise ConfigError(
+            f"cluster.gpus_per_node={cluster.gpus_per_node} but this machine has {torch.cuda.device_count()} CUDA devices"
+        )
     if index >= torch.cuda.device_count():
         raise ConfigError(f"cluster.device={cluster.device} but this machine has {torch.cuda.device_count()} CUDA devices")
     device_gb = torch.cuda.get_device_properties(index).total_memory / 1e9

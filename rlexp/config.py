@@ -212,11 +212,12 @@ class RolloutConfig:
 
 @dataclass
 class ClusterConfig:
-    """The machines of a run. ``task=plan`` reads all of it; training runs one local process today
-    (``launcher=local``, ``nodes × gpus_per_node ≤ 1``) and ``validate`` refuses the rest for it."""
+    """The machines of a run. ``task=plan`` reads all of it. Training runs on one node: one process
+    (``launcher=local``), or one per GPU with FSDP2 (``launcher=torchrun``); ``validate`` refuses
+    multi-node settings for it until the Ray launcher exists."""
 
     nodes: int = ranged(1, "[1, inf)")
-    #: 0 with ``device=cpu``, 1 with ``device=cuda[:N]``.
+    #: 0 with ``device=cpu``; with ``device=cuda``, more than 1 runs one process per GPU (``launcher=torchrun``).
     gpus_per_node: int = ranged(0, "[0, inf)")
     #: memory of each GPU (GB); the run refuses to start on a GPU with less. 0 = no GPU.
     gpu_memory_gb: float = ranged(0.0, "[0, inf)")
@@ -452,13 +453,12 @@ def validate(cfg: Any) -> None:
 
 
 def _check_cluster(cluster: Any) -> None:
-    if cluster.launcher != Launcher.local:
-        raise ConfigError(f"cluster.launcher={cluster.launcher.value} is not implemented yet; use local")
-    processes = cluster.nodes * cluster.gpus_per_node
-    if cluster.nodes > 1 or processes > 1:
+    if cluster.launcher == Launcher.ray:
+        raise ConfigError("cluster.launcher=ray is not implemented yet; use local (one GPU) or torchrun (the GPUs of one node)")
+    if cluster.nodes > 1:
         raise ConfigError(
-            f"cluster.nodes={cluster.nodes} x cluster.gpus_per_node={cluster.gpus_per_node}: one process runs "
-            "today (sharding over GPUs with FSDP2 is not implemented yet); use nodes=1 and gpus_per_node=0 or 1"
+            f"cluster.nodes={cluster.nodes}: multi-node runs (the Ray launcher) are not implemented yet; use nodes=1 "
+            "(torchrun runs FSDP2 over the GPUs of one node)"
         )
     for key in ("head", "shared_storage"):
         if cluster[key] is not None:
@@ -467,11 +467,18 @@ def _check_cluster(cluster: Any) -> None:
                 "leave it null"
             )
     on_gpu = str(cluster.device).startswith("cuda")
-    if on_gpu != (cluster.gpus_per_node == 1):
+    if on_gpu != (cluster.gpus_per_node >= 1):
         raise ConfigError(
             f"cluster.device={cluster.device} with cluster.gpus_per_node={cluster.gpus_per_node}: "
-            "use device=cpu with 0 GPUs, or device=cuda[:N] with 1"
+            "use device=cpu with 0 GPUs, or device=cuda[:N] with 1 or more"
         )
+    if cluster.gpus_per_node > 1 and (cluster.launcher != Launcher.torchrun or cluster.device != "cuda"):
+        raise ConfigError(
+            f"cluster.gpus_per_node={cluster.gpus_per_node} needs cluster.launcher=torchrun and cluster.device=cuda "
+            "(one process per GPU, each on its own); or use gpus_per_node=1"
+        )
+    if cluster.launcher == Launcher.torchrun and not on_gpu:
+        raise ConfigError("cluster.launcher=torchrun starts one process per GPU; with cluster.device=cpu use launcher=local")
     if not on_gpu and cluster.gpu_memory_gb:
         raise ConfigError(f"cluster.gpu_memory_gb={cluster.gpu_memory_gb} with cluster.device=cpu: no GPU to check; use 0")
 

@@ -31,7 +31,6 @@ ALL_OPTIONS = [(group, option) for group in GROUPS for option in _options(group)
 REFUSED = {
     ("cluster", "hyperpod_g7e_12xlarge"): "cluster.launcher",
     ("experiment", "visgym_maze_grpo"): "cluster.launcher",
-    **{("cluster", multi_gpu): "cluster.launcher" for multi_gpu in ("gpu_2x", "p5_48xlarge", "p4d_24xlarge", "g6e_12xlarge")},
 }
 
 

@@ -11,8 +11,9 @@ from omegaconf import DictConfig
 
 from rlexp.algorithms.grpo import group_advantages, nonzero_variance_groups, policy_loss
 from rlexp.rollout.conversation import training_sequences
-from rlexp.rollout.driver import rollout_metrics, run_rollouts, stop_strings
+from rlexp.rollout.driver import run_rollouts, stop_strings
 from rlexp.rollout.engine import SamplingParams
+from rlexp.training import distributed
 from rlexp.training.loop import TrainingRun, run_training, timed, turn_limit
 from rlexp.training.update import MicroBatch, Normalizers, Sample
 
@@ -33,10 +34,12 @@ class GRPOStep:
 
     def __call__(self) -> dict[str, float]:
         run, algo = self.run, self.algo
-        mazes = run.stream.next_batch(algo.train_batch_size)
-        trajectories, t_generate = timed(
-            run_rollouts, run.engine, run.formatter, mazes, self.cfg.env, algo.n_samples_per_prompt, self.sampling, turn_limit(self.cfg)
-        )
+        mazes = run.mazes()
+        with distributed.gathered(run.model):  # each rank generates alone, on the whole weights
+            trajectories, t_generate = timed(
+                run_rollouts, run.engine, run.formatter, mazes, self.cfg.env, algo.n_samples_per_prompt, self.sampling,
+                turn_limit(self.cfg),
+            )
         rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
         advantages = group_advantages(rewards, algo.n_samples_per_prompt, norm_by_std=algo.norm_by_std)
         keep = torch.ones_like(rewards, dtype=torch.bool)
@@ -50,18 +53,19 @@ class GRPOStep:
         ]
         metrics: dict[str, float] = {}
         t_train = 0.0
-        if samples:
+        n_samples = run.world.sum([len(samples)])[0]
+        if n_samples:  # on every rank or none: scoring and the update are collectives under FSDP2
             (gap, t_score) = timed(run.update.score, samples, self.cfg.rollout.temperature, reference=algo.kl_coef > 0)
             metrics.update(gap)
             update, t_train = timed(run.update.run, samples, self.loss, self.cfg.rollout.temperature)
             metrics.update(update)
             metrics["timing/score_s"] = t_score
         _, t_sync = timed(run.engine.load_weights)
-        generated = sum(len(turn.response_ids) for t in trajectories for turn in t.turns)
+        (generated,) = run.world.sum([sum(len(turn.response_ids) for t in trajectories for turn in t.turns)])
         return {
-            **rollout_metrics(trajectories, rewards),
+            **run.rollout_metrics(trajectories, rewards),
             **metrics,
-            "train/samples": float(len(samples)),
+            "train/samples": n_samples,
             "timing/generate_s": t_generate,
             "timing/train_s": t_train,
             "timing/sync_s": t_sync,
