@@ -121,6 +121,9 @@ def shard_policy(model: torch.nn.Module, on_gpu: bool) -> None:
     for block in [*inner.visual.blocks, *inner.language_model.layers]:
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
+    # FSDP2 sets its units up at the root's first forward; generation calls the base model's forward, below
+    # the root, and would set each unit up as a root of its own, so the set-up is done here
+    model._get_fsdp_state()._lazy_init()
 
 
 def _fsdp_modules(model: torch.nn.Module) -> list:
@@ -131,17 +134,30 @@ def _fsdp_modules(model: torch.nn.Module) -> list:
 
 @contextmanager
 def gathered(model: torch.nn.Module) -> Iterator[None]:
-    """The weights unsharded on every rank for the block (one all-gather per unit on entry), resharded after."""
+    """The weights unsharded on every rank for the block (one all-gather per unit on entry), resharded after.
+
+    Inside, a forward is local, so transformers' ``generate`` must not keep the ranks in step (it does, with
+    an all-reduce per decode step, for modules torch marks ``_is_fsdp_managed_module``): the mark is lifted
+    for the block, since rank 0 evaluates alone and ranks stop decoding at different steps. FSDP2 records
+    the order units run forward in, to prefetch in backward; the block's forwards differ between ranks, so
+    their record is dropped on exit (else the ranks would prefetch different units and deadlock)."""
     modules = _fsdp_modules(model)
+    marked = [m for m in model.modules() if getattr(m, "_is_fsdp_managed_module", False)]
     for module in modules:
         module.unshard()
         module.set_reshard_after_forward(False)
+    for module in marked:
+        module._is_fsdp_managed_module = False
     try:
         yield
     finally:
+        for module in marked:
+            module._is_fsdp_managed_module = True
         for module in modules:
             module.set_reshard_after_forward(True)
             module.reshard()
+        if modules:
+            model._get_fsdp_state()._comm_ctx.post_forward_order.clear()
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:

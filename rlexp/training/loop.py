@@ -24,7 +24,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from rlexp.envs import TrainingMazeStream, load_pinned, min_expert_steps, pinned_layout_hashes
 from rlexp.evaluation.evaluate import EvalResult, evaluate_model, record_eval
-from rlexp.models import load_policy, never_generated_ids
+from rlexp.models import load_policy, never_generated_ids, resolve_model_path
 from rlexp.rollout.conversation import TurnFormatter
 from rlexp.rollout.driver import rollout_metrics
 from rlexp.runtime import run_dir_of, seed_everything
@@ -219,6 +219,7 @@ def run_training(cfg: DictConfig, make_step: Callable[[TrainingRun], TrainStep],
     if processes is None:
         processes = cfg.cluster.nodes * cfg.cluster.gpus_per_node if cfg.cluster.launcher.value == "torchrun" else 1
     if processes > 1:
+        resolve_model_path(cfg.model.path)  # built or found once, not by every rank at the same time
         resolved = cfg.copy()
         OmegaConf.resolve(resolved)  # the ranks have no Hydra to resolve ``${hydra:…}``
         return distributed.launch(_rank_main, processes, resolved, run_dir, checkpoint, make_step)
