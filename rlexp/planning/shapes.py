@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 from rlexp.models.lora import _resolve_targets
-from rlexp.models.loading import resolve_model_path
+from rlexp.models.loading import TINY_MODEL, resolve_model_path
+from rlexp.models.tiny import tiny_config
 
 #: shape-only configs of models the planner knows without a download, by hub id.
 BUNDLED = {f"Qwen/{p.stem}": p for p in (Path(__file__).parent / "configs").glob("*.json")}
@@ -47,6 +48,8 @@ def load_config(path: str):
     """(transformers config, where it came from) for ``model.path``, with no network access."""
     from transformers import AutoConfig, Qwen3VLConfig
 
+    if path == TINY_MODEL:
+        return tiny_config(), "the tiny model's config (rlexp.models.tiny)"
     try:
         local = resolve_model_path(path, local_files_only=True)
     except FileNotFoundError:

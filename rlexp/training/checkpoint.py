@@ -79,7 +79,10 @@ def finish_checkpoint(
     """The policy (``adapter``: its consolidated state, where the model is sharded), trainer state, config
     and manifest into ``tmp``, then ``tmp`` renamed into place and older checkpoints pruned."""
     final = ckpt_root / f"{PREFIX}{step}"
-    model.save_pretrained(tmp / "policy", state_dict=adapter)
+    if adapter is None:
+        model.save_pretrained(tmp / "policy")
+    else:
+        model.save_pretrained(tmp / "policy", state_dict=adapter)
     torch.save({**trainer_state, "step": step, "rng": rng_states()}, tmp / "trainer_state.pt")
     (tmp / "config.yaml").write_text(OmegaConf.to_yaml(config, resolve=True))
     files = sorted(p for p in tmp.rglob("*") if p.is_file())
