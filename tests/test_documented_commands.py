@@ -87,6 +87,8 @@ COMMANDS = {
     "rlexp -m --config-dir sweeps --config-name instance_type task=plan": Doc("as written", "test_plan_commands"),
     "rlexp task=plan experiment=visgym_maze_grpo cluster=p4d_24xlarge cluster.price_per_hour=21.96 plan.step_time_s=600": Doc(
         "as written", "test_plan_commands"),
+    "rlexp cluster=gpu_2x model=qwen3_vl_8b model.path=/fsx/qwen3-vl-8b-maze-sft": Doc(
+        "cfg job", "test_composing_commands (2 ranks on CPU: tests/training/test_distributed.py)"),
     "rlexp --config-dir sweeps --config-name instance_type cluster=gpu_1x --cfg job": Doc(
         "as written", "test_composing_commands"),
     "rlexp -m --config-dir sweeps --config-name optuna": Doc(
