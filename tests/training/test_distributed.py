@@ -27,6 +27,7 @@ def ranks_import_this_dir(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, paths)))
 
 
+@pytest.mark.slow
 def test_two_ranks_take_the_same_grpo_step_as_one_process(tmp_path):
     single_metrics, single_adapter = one_update(str(tmp_path / "single"))
     metrics, adapter = distributed.launch(one_update, 2, str(tmp_path / "ranks"))
