@@ -25,6 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlexp.config import COMPUTE_TASKS, VLLM_ENGINE, ConfigError, register_configs, schema_keys, schema_node, validate
+from rlexp.planning import check_fit
+from rlexp.runtime import cluster_choice
 from rlexp.tasks import TASKS
 
 log = logging.getLogger(__name__)
@@ -143,14 +145,16 @@ def _check_logger_selected(override: Override, logger_choice: Override | None) -
 
 
 def prepare(cfg: DictConfig) -> None:
-    """Everything checked before a task runs: the task exists, ``validate``, and for tasks that load a
-    model, ``check_machine``. Raises ``ConfigError`` (one line)."""
+    """Everything checked before a task runs: the task exists, ``validate``, for tasks that load a model
+    ``check_machine``, and for training the memory plan (``check_fit``). Raises ``ConfigError`` (one line)."""
     task = cfg.task.value
     if task not in TASKS:
         raise ConfigError(f"task={task} is not implemented yet; available now: {', '.join(TASKS)}")
     validate(cfg)
     if task in COMPUTE_TASKS and not (task == "eval" and cfg.eval.policy.value != "model"):
         check_machine(cfg)
+    if task == "train":
+        check_fit(cfg, cluster_choice())
 
 
 def check_machine(cfg: Any) -> None:
@@ -180,6 +184,10 @@ def _check_cuda_device(cluster: Any) -> None:
     if not torch.cuda.is_available():
         raise ConfigError(f"cluster.device={cluster.device} but no CUDA device is visible here; use cluster=local_cpu")
     index = int(cluster.device.partition(":")[2] or 0)
+    if cluster.gpus_per_node > torch.cuda.device_count():
+        raise ConfigError(
+            f"cluster.gpus_per_node={cluster.gpus_per_node} but this machine has {torch.cuda.device_count()} CUDA devices"
+        )
     if index >= torch.cuda.device_count():
         raise ConfigError(f"cluster.device={cluster.device} but this machine has {torch.cuda.device_count()} CUDA devices")
     device_gb = torch.cuda.get_device_properties(index).total_memory / 1e9

@@ -237,22 +237,23 @@ class RolloutConfig:
 
 @dataclass
 class ClusterConfig:
-    """Only one local process runs today: ``launcher=local``, ``nodes × gpus_per_node ≤ 1``; the rest
-    is refused by ``validate`` until the launchers and FSDP2 exist."""
+    """The machines of a run. ``task=plan`` reads all of it. Training runs on one node: one process
+    (``launcher=local``), or one per GPU with FSDP2 (``launcher=torchrun``); ``validate`` refuses
+    multi-node settings for it until the Ray launcher exists."""
 
     nodes: int = ranged(1, "[1, inf)")
-    #: 0 with ``device=cpu``, 1 with ``device=cuda[:N]``.
+    #: 0 with ``device=cpu``; with ``device=cuda``, more than 1 runs one process per GPU (``launcher=torchrun``).
     gpus_per_node: int = ranged(0, "[0, inf)")
     #: memory of each GPU (GB); the run refuses to start on a GPU with less. 0 = no GPU.
     gpu_memory_gb: float = ranged(0.0, "[0, inf)")
     #: host memory (GB); the run refuses to start on a machine with less.
     cpu_memory_gb: float = ranged(0.0, "[0, inf)")
-    #: the Ray head's instance type (for launcher=ray; not implemented yet: must be null).
+    #: the Ray head's instance type (launcher=ray; training refuses it until multi-node runs exist).
     head: Optional[str] = None
-    #: storage every node sees (for multi-node runs; not implemented yet: must be null).
+    #: storage every node sees (multi-node runs; training refuses it until they exist).
     shared_storage: Optional[str] = None
     launcher: Launcher = Launcher.local
-    #: USD per node-hour, for the coming ``task=plan``; must be null until then.
+    #: USD per node-hour: ``task=plan`` and ``task=report`` give GPU-hours and cost with it.
     price_per_hour: Optional[float] = ranged(None, "[0, inf)")
     #: torch device of the trainer and the in-process engine: cpu, cuda or cuda:N.
     device: str = ranged("cpu", pattern=DEVICE_PATTERN)
@@ -269,6 +270,16 @@ class EvalConfig:
     #: for the scripted ``noisy_expert`` policy: probability of the expert's move.
     expert_prob: float = ranged(0.5, "[0, 1]")
     policy: EvalPolicy = EvalPolicy.model
+
+
+@dataclass
+class PlanConfig:
+    """``task=plan`` (and the fit check training runs before loading anything)."""
+
+    #: generated tokens per turn the memory plan assumes; null = rollout.max_new_tokens_per_turn (the worst case).
+    reply_tokens: Optional[int] = ranged(None, "[1, 32768]")
+    #: seconds per training step (measured or stated), for GPU-hours and cost per step and per run.
+    step_time_s: Optional[float] = ranged(None, "(0, inf)")
 
 
 @dataclass
@@ -355,6 +366,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     #: trackers, each built from its ``_target_``; the ``logger`` group fills it.
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -473,26 +485,32 @@ def validate(cfg: Any) -> None:
 
 
 def _check_cluster(cluster: Any) -> None:
-    if cluster.launcher != Launcher.local:
-        raise ConfigError(f"cluster.launcher={cluster.launcher.value} is not implemented yet; use local")
-    processes = cluster.nodes * cluster.gpus_per_node
-    if cluster.nodes > 1 or processes > 1:
+    if cluster.launcher == Launcher.ray:
+        raise ConfigError("cluster.launcher=ray is not implemented yet; use local (one GPU) or torchrun (the GPUs of one node)")
+    if cluster.nodes > 1:
         raise ConfigError(
-            f"cluster.nodes={cluster.nodes} x cluster.gpus_per_node={cluster.gpus_per_node}: one process runs "
-            "today (sharding over GPUs with FSDP2 is not implemented yet); use nodes=1 and gpus_per_node=0 or 1"
+            f"cluster.nodes={cluster.nodes}: multi-node runs (the Ray launcher) are not implemented yet; use nodes=1 "
+            "(torchrun runs FSDP2 over the GPUs of one node)"
         )
-    for key in ("head", "shared_storage", "price_per_hour"):
+    for key in ("head", "shared_storage"):
         if cluster[key] is not None:
             raise ConfigError(
-                f"cluster.{key}={cluster[key]} is not read yet (multi-node runs and task=plan are not implemented); "
+                f"cluster.{key}={cluster[key]} is for multi-node runs, which are not implemented yet (task=plan reads it); "
                 "leave it null"
             )
     on_gpu = str(cluster.device).startswith("cuda")
-    if on_gpu != (cluster.gpus_per_node == 1):
+    if on_gpu != (cluster.gpus_per_node >= 1):
         raise ConfigError(
             f"cluster.device={cluster.device} with cluster.gpus_per_node={cluster.gpus_per_node}: "
-            "use device=cpu with 0 GPUs, or device=cuda[:N] with 1"
+            "use device=cpu with 0 GPUs, or device=cuda[:N] with 1 or more"
         )
+    if cluster.gpus_per_node > 1 and (cluster.launcher != Launcher.torchrun or cluster.device != "cuda"):
+        raise ConfigError(
+            f"cluster.gpus_per_node={cluster.gpus_per_node} needs cluster.launcher=torchrun and cluster.device=cuda "
+            "(one process per GPU, each on its own); or use gpus_per_node=1"
+        )
+    if cluster.launcher == Launcher.torchrun and not on_gpu:
+        raise ConfigError("cluster.launcher=torchrun starts one process per GPU; with cluster.device=cpu use launcher=local")
     if not on_gpu and cluster.gpu_memory_gb:
         raise ConfigError(f"cluster.gpu_memory_gb={cluster.gpu_memory_gb} with cluster.device=cpu: no GPU to check; use 0")
 

@@ -20,6 +20,11 @@ def run_dir_of(cfg: DictConfig) -> Path:
     return Path("outputs") / cfg.name / cfg.run_name
 
 
+def cluster_choice() -> str:
+    """The ``cluster`` option the config was composed with ("custom" outside a Hydra app)."""
+    return HydraConfig.get().runtime.choices.get("cluster", "custom") if HydraConfig.initialized() else "custom"
+
+
 def seed_everything(seed: int) -> None:
     """Python, NumPy and torch (CPU and every CUDA device) from one seed."""
     random.seed(seed)

@@ -16,13 +16,13 @@ from rlexp.config import ENGINE_OPTIONS, ConfigError, EngineConfig, field_type, 
 
 PACKAGE = Path(__file__).resolve().parent.parent / "rlexp"
 #: keys that nothing reads yet, each with a value other than its default that validation must refuse.
-REFUSED = {
+REFUSED: dict[str, str] = {}
+#: keys ``task=plan`` reads, with a value training cannot run yet (multi-node runs), which it must refuse.
+NOT_FOR_TRAINING = {
     "cluster.launcher": "ray",
     "cluster.nodes": "2",
-    "cluster.gpus_per_node": "1",  # only with device=cuda[:N], where it must be 1
     "cluster.head": "ml.r5d.16xlarge",
     "cluster.shared_storage": "/fsx",
-    "cluster.price_per_hour": "3.5",
 }
 #: read by ``hydra.utils.instantiate``, not by attribute access.
 INSTANTIATE_KEYS = ("_target_", "_partial_")
@@ -91,6 +91,14 @@ def test_every_key_is_read_or_refused(key, names_read):
 def test_engine_options_are_the_engines_parameters(target):
     """What ``validate`` lets through to an engine is exactly what its constructor takes (beside the policy)."""
     assert set(ENGINE_OPTIONS[target]) == _parameters(target) - {"self", "model", "processor"}
+
+
+@pytest.mark.parametrize("key", NOT_FOR_TRAINING)
+def test_values_training_cannot_run_yet_are_refused_for_it(key, names_read):
+    assert key.rpartition(".")[2] in names_read
+    with pytest.raises(ConfigError) as error:
+        prepare(compose_config(f"{key}={NOT_FOR_TRAINING[key]}"))
+    assert "\n" not in str(error.value) and key in str(error.value), str(error.value)
 
 
 def test_refused_keys_are_not_read(names_read):

@@ -35,6 +35,12 @@ REFUSED = {
 }
 
 
+@pytest.mark.parametrize("option", [o for g, o in ALL_OPTIONS if g == "cluster"])
+def test_every_cluster_option_plans(option):
+    """``task=plan`` reads every cluster option, whatever training can run."""
+    validate(compose_config(f"cluster={option}", "task=plan"))
+
+
 def test_every_group_has_options():
     assert {g for g, _ in ALL_OPTIONS} == set(GROUPS)
     for required in ("env/maze_easy", "env/maze_hard", "cluster/local_cpu", "algorithm/grpo", "model/tiny"):

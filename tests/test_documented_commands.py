@@ -87,6 +87,11 @@ COMMANDS = {
     # on a machine without CUDA, each job stops with the reason (the test checks that); TINY would not change that
     "rlexp -m --config-dir sweeps --config-name instance_type model.path=/fsx/qwen3-vl-8b-maze-sft": Doc(
         "as written", "test_sweep_file_runs_as_written"),
+    "rlexp -m --config-dir sweeps --config-name instance_type task=plan": Doc("as written", "test_plan_commands"),
+    "rlexp task=plan experiment=visgym_maze_grpo cluster=p4d_24xlarge cluster.price_per_hour=21.96 plan.step_time_s=600": Doc(
+        "as written", "test_plan_commands"),
+    "rlexp cluster=gpu_2x model=qwen3_vl_8b model.path=/fsx/qwen3-vl-8b-maze-sft": Doc(
+        "cfg job", "test_composing_commands (2 ranks on CPU: tests/training/test_distributed.py)"),
     "rlexp --config-dir sweeps --config-name instance_type cluster=gpu_1x --cfg job": Doc(
         "as written", "test_composing_commands"),
     "rlexp -m --config-dir sweeps --config-name optuna": Doc(
@@ -203,6 +208,22 @@ def test_scripted_eval(tmp_path):
     (summary,) = tmp_path.glob("outputs/tiny_cpu/*/eval/expert.summary.json")
     summary = json.loads(summary.read_text())
     assert summary["success_rate"] == 1.0 and summary["num_mazes"] == 64 and summary["turn_limit"] == 20
+
+
+def test_plan_commands(tmp_path):
+    """``task=plan`` on this CPU machine: the instance-type sweep prints one table per cluster option of the
+    sweep (README shows its rows), and a priced plan gives the cost; no weights load, nothing is trained."""
+    sweep, priced = commands_for("test_plan_commands")
+    result = ok(run(sweep, workdir(tmp_path)))
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert sorted(row.split("|")[1].strip() for row in rows) == [cluster for ((_, cluster),) in expected_jobs("instance_type")]
+    assert result.stdout.count("model config: bundled shape of Qwen/Qwen3-VL-8B-Instruct") == len(rows)
+    readme = (REPO / "README.md").read_text()
+    assert all(row in readme for row in rows), "README's fit table differs from what the sweep prints now"
+    result = ok(run(priced, tmp_path))
+    assert "on p4d_24xlarge: 1 node(s) x 8 GPU(s) of 40 GB; world size 8, FSDP2" in result.stdout
+    assert "per run (160 steps): 213.3 GPU-hours, $585.60" in result.stdout, result.stdout
+    assert not list(tmp_path.glob("outputs/*/*/checkpoints"))
 
 
 @functools.cache

@@ -13,6 +13,7 @@ LAYERS = [
     ["envs", "algorithms", "tracking"],
     ["config"],
     ["models"],
+    ["planning"],
     ["rollout"],
     ["evaluation"],
     ["training"],

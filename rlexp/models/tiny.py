@@ -28,6 +28,7 @@ __all__ = [
     "CHAT_TEMPLATE",
     "build_tiny_model",
     "build_tiny_tokenizer",
+    "tiny_config",
     "tiny_model_path",
     "tiny_spec_hash",
 ]
@@ -228,30 +229,13 @@ def tiny_spec_hash(seed: int = 0) -> str:
     return hashlib.sha256(payload).hexdigest()[:12]
 
 
-def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
-    """Build the tiny Qwen3-VL model + processor and `save_pretrained` both into ``out_dir``.
+def tiny_config(tokenizer=None):
+    """The tiny model's ``Qwen3VLConfig`` (what ``task=plan`` reads; no weights are made)."""
+    from transformers import Qwen3VLConfig
 
-    Weights are initialised under ``torch.manual_seed(seed)`` inside a forked RNG (the caller's RNG
-    state is left as it was). Returns ``out_dir``.
-    """
-    import torch
-    from transformers import (
-        GenerationConfig,
-        Qwen2VLImageProcessor,
-        Qwen3VLConfig,
-        Qwen3VLForConditionalGeneration,
-        Qwen3VLProcessor,
-        Qwen3VLVideoProcessor,
-    )
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = tokenizer or build_tiny_tokenizer()
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    vocab_size = len(tokenizer)
-
-    text_config = dict(TINY_TEXT_CONFIG, vocab_size=vocab_size, pad_token_id=ids[PAD_TOKEN])
+    text_config = dict(TINY_TEXT_CONFIG, vocab_size=len(tokenizer), pad_token_id=ids[PAD_TOKEN])
     vision_config = dict(TINY_VISION_CONFIG, out_hidden_size=TINY_TEXT_CONFIG["hidden_size"])
     config = Qwen3VLConfig(
         text_config=text_config,
@@ -264,6 +248,30 @@ def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     )
     config.eos_token_id = ids[EOS_TOKEN]
     config.pad_token_id = ids[PAD_TOKEN]
+    return config
+
+
+def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
+    """Build the tiny Qwen3-VL model + processor and `save_pretrained` both into ``out_dir``.
+
+    Weights are initialised under ``torch.manual_seed(seed)`` inside a forked RNG (the caller's RNG
+    state is left as it was). Returns ``out_dir``.
+    """
+    import torch
+    from transformers import (
+        GenerationConfig,
+        Qwen2VLImageProcessor,
+        Qwen3VLForConditionalGeneration,
+        Qwen3VLProcessor,
+        Qwen3VLVideoProcessor,
+    )
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = build_tiny_tokenizer()
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    config = tiny_config(tokenizer)
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

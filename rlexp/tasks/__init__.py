@@ -8,6 +8,7 @@ chosen. Training picks its recipe by ``algorithm.name``.
 TASKS = {
     "train": "rlexp.tasks.train:train",
     "eval": "rlexp.tasks.eval:evaluate",
+    "plan": "rlexp.tasks.plan:plan",
     "report": "rlexp.tasks.report:report",
     "export": "rlexp.tasks.export:export",
 }

@@ -12,8 +12,9 @@ from omegaconf import DictConfig
 
 from rlexp.algorithms.grpo import group_advantages, nonzero_variance_groups, policy_loss
 from rlexp.rollout.conversation import training_sequences
-from rlexp.rollout.driver import rollout_metrics, run_rollouts, stop_strings
+from rlexp.rollout.driver import run_rollouts, stop_strings
 from rlexp.rollout.engine import SamplingParams
+from rlexp.training import distributed
 from rlexp.training.loop import TrainingRun, run_training, timed, turn_limit
 from rlexp.training.update import MicroBatch, Normalizers, Sample
 
@@ -35,11 +36,12 @@ class GRPOStep:
     def __call__(self) -> dict[str, float]:
         run, algo = self.run, self.algo
         with run.preemption.abandonable():  # changes nothing a checkpoint holds (stream and RNG are restored)
-            mazes = run.stream.next_batch(algo.train_batch_size)
-            trajectories, t_generate = timed(
-                run_rollouts, run.engine, run.formatter, mazes, self.cfg.env, algo.n_samples_per_prompt, self.sampling,
-                turn_limit(self.cfg),
-            )
+            mazes = run.mazes()
+            with distributed.gathered(run.model):  # each rank generates alone, on the whole weights
+                trajectories, t_generate = timed(
+                    run_rollouts, run.engine, run.formatter, mazes, self.cfg.env, algo.n_samples_per_prompt, self.sampling,
+                    turn_limit(self.cfg),
+                )
         # a colocated engine frees the GPU for scoring and the update, and is woken before the loop syncs it
         _, t_sleep = timed(run.engine.sleep)
         rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
@@ -55,18 +57,19 @@ class GRPOStep:
         ]
         metrics: dict[str, float] = {}
         t_train = 0.0
-        if samples:
+        n_samples = run.world.sum([len(samples)])[0]
+        if n_samples:  # on every rank or none: scoring and the update are collectives under FSDP2
             (gap, t_score) = timed(run.update.score, samples, self.cfg.rollout.temperature, reference=algo.kl_coef > 0)
             metrics.update(gap)
             update, t_train = timed(run.update.run, samples, self.loss, self.cfg.rollout.temperature)
             metrics.update(update)
             metrics["timing/score_s"] = t_score
         _, t_wake = timed(run.engine.wake_up)
-        generated = sum(len(turn.response_ids) for t in trajectories for turn in t.turns)
+        (generated,) = run.world.sum([sum(len(turn.response_ids) for t in trajectories for turn in t.turns)])
         return {
-            **rollout_metrics(trajectories, rewards),
+            **run.rollout_metrics(trajectories, rewards),
             **metrics,
-            "train/samples": float(len(samples)),
+            "train/samples": n_samples,
             "timing/generate_s": t_generate,
             "timing/train_s": t_train,
             "timing/sleep_s": t_sleep,

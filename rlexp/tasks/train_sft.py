@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 from rlexp.algorithms.grpo import sft_loss
 from rlexp.envs import ExpertPolicy
 from rlexp.rollout.conversation import training_sequences
-from rlexp.rollout.driver import rollout_metrics, scripted_trajectories
+from rlexp.rollout.driver import scripted_trajectories
 from rlexp.training.loop import TrainingRun, run_training, timed, turn_limit
 from rlexp.training.update import MicroBatch, Normalizers, Sample
 
@@ -30,7 +30,7 @@ class SFTStep:
 
     def __call__(self) -> dict[str, float]:
         run, cfg = self.run, self.cfg
-        mazes = run.stream.next_batch(cfg.algorithm.train_batch_size)
+        mazes = run.mazes()
         trajectories, t_generate = timed(scripted_trajectories, ExpertPolicy(), mazes, cfg.env, 1, turn_limit(cfg), run.formatter)
         samples = [
             Sample(sequence, 1.0, group=t.maze_index, trajectory=i)
@@ -40,9 +40,9 @@ class SFTStep:
         update, t_train = timed(run.update.run, samples, self.loss, SFT_TEMPERATURE)
         rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
         return {
-            **rollout_metrics(trajectories, rewards),
+            **run.rollout_metrics(trajectories, rewards),
             **update,
-            "train/samples": float(len(samples)),
+            "train/samples": run.world.sum([len(samples)])[0],
             "timing/generate_s": t_generate,
             "timing/train_s": t_train,
         }

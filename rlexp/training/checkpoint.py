@@ -80,12 +80,28 @@ def save_checkpoint(
     ckpt_root: Path, step: int, model, trainer_state: dict[str, Any], config: DictConfig, keep_last: int
 ) -> Path:
     """Write checkpoint ``step`` atomically, then prune to the newest ``keep_last``."""
+    return finish_checkpoint(begin_checkpoint(ckpt_root, step), ckpt_root, step, model, trainer_state, config, keep_last)
+
+
+def begin_checkpoint(ckpt_root: Path, step: int) -> Path:
+    """The temp dir checkpoint ``step`` is written into (every rank writes its shards there)."""
     ckpt_root.mkdir(parents=True, exist_ok=True)
     remove_temp_dirs(ckpt_root)
+    return Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{step}-", dir=ckpt_root))
+
+
+def finish_checkpoint(
+    tmp: Path, ckpt_root: Path, step: int, model, trainer_state: dict[str, Any], config: DictConfig, keep_last: int,
+    adapter: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """The policy (``adapter``: its consolidated state, where the model is sharded), trainer state, config
+    and manifest into ``tmp``, then ``tmp`` renamed into place and older checkpoints pruned."""
     final = ckpt_root / f"{PREFIX}{step}"
-    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{step}-", dir=ckpt_root))
     try:
-        model.save_pretrained(tmp / "policy")
+        if adapter is None:
+            model.save_pretrained(tmp / "policy")
+        else:
+            model.save_pretrained(tmp / "policy", state_dict=adapter)
         torch.save({**trainer_state, "step": step, "rng": rng_states()}, tmp / "trainer_state.pt")
         (tmp / "config.yaml").write_text(OmegaConf.to_yaml(redact(OmegaConf.to_container(config, resolve=True, enum_to_str=True))))
         files = sorted(p for p in tmp.rglob("*") if p.is_file())

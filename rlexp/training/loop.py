@@ -4,30 +4,41 @@ step; components (engine, optimizer, lr schedule) come from config through ``_ta
 
 One process holds a run dir at a time (``run_dir_lock``). On SIGTERM/SIGINT the loop checkpoints the
 last whole state and exits 143/130 with the tracked run marked KILLED (see ``rlexp.training.preemption``).
+
+With ``cluster.launcher=torchrun`` and more than one GPU, ``run_training`` starts one process per GPU
+(``rlexp.training.distributed``); each shards the policy with FSDP2 and plays its share of the mazes;
+rank 0 alone evaluates, tracks and writes the checkpoint's consolidated files.
 """
 
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from rlexp.envs import TrainingMazeStream, load_pinned, min_expert_steps, pinned_layout_hashes
 from rlexp.evaluation.evaluate import EvalResult, evaluate_model, record_eval
-from rlexp.models import load_policy, never_generated_ids
+from rlexp.models import load_policy, never_generated_ids, resolve_model_path
 from rlexp.rollout.conversation import TurnFormatter
+from rlexp.rollout.driver import rollout_metrics
 from rlexp.rollout.engine import build_engine
 from rlexp.runtime import RunDirBusy, run_dir_lock, run_dir_of, seed_everything
 from rlexp.tracking import Trackers, build_trackers, discard_records
+from rlexp.training import distributed
 from rlexp.training.checkpoint import (
     CheckpointSaveError,
     ResumeError,
+    begin_checkpoint,
+    finish_checkpoint,
     load_trainer_state,
     resolve_resume,
     restore_rng_states,
@@ -39,6 +50,8 @@ from rlexp.training.update import PolicyUpdate
 
 log = logging.getLogger(__name__)
 
+#: ``rollout_metrics`` that are means over turns, not episodes.
+PER_TURN = ("rollout/invalid_action_rate", "rollout/response_tokens_mean")
 #: () -> one step's metrics; built by a recipe from the run.
 TrainStep = Callable[[], dict[str, float]]
 
@@ -72,10 +85,13 @@ class TrainingRun:
         self.cfg, self.run_dir, self.trackers = cfg, run_dir, trackers
         self.preemption = preemption or Preemption(cfg.preempt_grace_s)
         self.ckpt_root = run_dir / "checkpoints"
+        self.world = distributed.world()
         seed_everything(cfg.seed)
-        self.model, self.processor = load_policy(
-            cfg.model, cfg.cluster.device, adapter=checkpoint and checkpoint / "policy", trainable=True
-        )
+        on_gpu = str(cfg.cluster.device).startswith("cuda")
+        device = f"cuda:{torch.cuda.current_device()}" if on_gpu and self.world.distributed else cfg.cluster.device
+        self.model, self.processor = load_policy(cfg.model, device, adapter=checkpoint and checkpoint / "policy", trainable=True)
+        if self.world.distributed:
+            distributed.shard_policy(self.model, on_gpu)
         self.formatter = TurnFormatter(self.processor)
         self.engine = build_engine(cfg.rollout.engine, model=self.model, processor=self.processor)
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -95,15 +111,38 @@ class TrainingRun:
         self.last_eval: EvalResult | None = None
         if checkpoint is not None:
             state = load_trainer_state(checkpoint)
-            self.optimizer.load_state_dict(state["optimizer"])
+            if (checkpoint / distributed.OPTIMIZER_SHARDS).is_dir():
+                distributed.load_optimizer_shards(self.model, self.optimizer, checkpoint / distributed.OPTIMIZER_SHARDS)
+            elif self.world.distributed:
+                distributed.load_full_optimizer(self.model, self.optimizer, state["optimizer"])
+            else:
+                self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
             self.stream.load_state_dict(state["stream"])
             self.step = state["step"]
             self.eval_due = state.get("eval_due", False)
             self.saved = (self.step, self.eval_due)
-            restore_rng_states(state["rng"])
+            # each rank continues its own random streams where the world size is the same
+            ranks = state.get("rank_rng", [])
+            restore_rng_states(ranks[self.world.rank] if len(ranks) == self.world.size else state["rng"])
             log.info("resumed from %s at step %d", checkpoint, self.step)
         self.trackers.resume_from(self.step)
+
+    def mazes(self) -> list:
+        """This rank's share of the step's mazes (all of them in one process); every rank draws the same batch."""
+        return self.world.shard(self.stream.next_batch(self.cfg.algorithm.train_batch_size))
+
+    def rollout_metrics(self, trajectories: list, rewards: torch.Tensor) -> dict[str, float]:
+        """``rollout/…`` over the step's episodes on every rank: each rank's means weighted by its episodes
+        (or, for per-turn rates, its turns)."""
+        metrics = rollout_metrics(trajectories, rewards)
+        if not self.world.distributed:
+            return metrics
+        weights = [len(trajectories), sum(t.num_turns for t in trajectories)]
+        weight_of = {key: weights[key in PER_TURN] for key in metrics}
+        totals = self.world.sum([metrics[k] * weight_of[k] for k in metrics] + weights)
+        episodes, turns = totals[-2:]
+        return {k: total / max(turns if k in PER_TURN else episodes, 1) for k, total in zip(metrics, totals)}
 
     def fit(self, train_step: TrainStep) -> float:
         """Steps until ``total_steps``, evaluating and checkpointing on schedule; the final eval's success.
@@ -186,61 +225,110 @@ class TrainingRun:
         return self.run_dir / "eval" / f"step_{step:06d}.jsonl"
 
     def evaluate(self) -> EvalResult:
+        """On rank 0, with the weights gathered; the other ranks wait and receive the result."""
         cfg = self.cfg
-        start = time.perf_counter()
-        with self.preemption.abandonable():
-            result, trajectories = evaluate_model(self.engine, self.formatter, self.pinned, cfg.env, cfg.rollout, cfg.eval)
-        self.trackers.log_metrics({"timing/eval_s": time.perf_counter() - start}, self.step)
-        path = self.eval_path(self.step)
-        record_eval(result, trajectories, self.pinned, path, self.trackers, self.step, cfg.env.cell_px)
-        log.info("eval at step %d: %s (%s)", self.step, result.summary(), path)
-        self.last_eval = result
+        result = None
+        with distributed.gathered(self.model):
+            if self.world.main:
+                start = time.perf_counter()
+                with self.preemption.abandonable():
+                    result, trajectories = evaluate_model(self.engine, self.formatter, self.pinned, cfg.env, cfg.rollout, cfg.eval)
+                self.trackers.log_metrics({"timing/eval_s": time.perf_counter() - start}, self.step)
+                path = self.eval_path(self.step)
+                record_eval(result, trajectories, self.pinned, path, self.trackers, self.step, cfg.env.cell_px)
+                log.info("eval at step %d: %s (%s)", self.step, result.summary(), path)
+            self.last_eval = result = self.world.broadcast(result)
         return result
 
     def save(self) -> Path:
-        state = {
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "stream": self.stream.state_dict(),
-            "eval_due": self.eval_due,
-        }
-        path = save_checkpoint(self.ckpt_root, self.step, self.model, state, self.cfg, self.cfg.keep_last_ckpts)
+        state = {"scheduler": self.scheduler.state_dict(), "stream": self.stream.state_dict(), "eval_due": self.eval_due}
+        cfg = self.cfg
+        if not self.world.distributed:
+            state["optimizer"] = self.optimizer.state_dict()
+            path = save_checkpoint(self.ckpt_root, self.step, self.model, state, cfg, cfg.keep_last_ckpts)
+        else:
+            # every rank: its optimizer shard into the temp dir rank 0 made, and its part of the adapter and RNG states
+            adapter = distributed.adapter_state(self.model)
+            state["rank_rng"] = self.world.gather(rng_states())
+            tmp = self.world.broadcast(begin_checkpoint(self.ckpt_root, self.step) if self.world.main else None)
+            distributed.save_optimizer_shards(self.model, self.optimizer, tmp / distributed.OPTIMIZER_SHARDS)
+            self.world.barrier()
+            path = None
+            if self.world.main:
+                path = finish_checkpoint(tmp, self.ckpt_root, self.step, self.model, state, cfg, cfg.keep_last_ckpts, adapter)
+            path = self.world.broadcast(path)
         self.saved = (self.step, self.eval_due)
         self.trackers.set_tags({"checkpoint": str(path.resolve())})
         log.info("checkpoint: %s", path)
         return path
 
 
-def run_training(cfg: DictConfig, make_step: Callable[[TrainingRun], TrainStep]) -> float:
+def run_training(cfg: DictConfig, make_step: Callable[[TrainingRun], TrainStep], processes: int | None = None) -> float:
     """Lock the run dir, pick the checkpoint to resume from, build the run and its trackers, fit with the
     recipe's step, and always close the trackers (FINISHED; KILLED after a preemption, then exit
     128 + signal; FAILED on an exception) so that one failed job does not kill a sweep. A run dir held by
     another process or a refused resume (see ``resolve_resume``) ends with one line before any tracker
     or file of the run dir is touched, and a checkpoint that cannot be written (a full disk) with one
-    line naming it and the free space; in a multirun it fails that job only."""
+    line naming it and the free space; in a multirun it fails that job only.
+
+    ``processes`` (default: the cluster's GPUs under ``launcher=torchrun``, else 1) above 1 runs the same
+    in that many local processes, one per rank (on CPU: gloo, as the tests do)."""
     run_dir = run_dir_of(cfg)
     try:
-        with run_dir_lock(run_dir), Preemption(cfg.preempt_grace_s) as preemption:
+        with run_dir_lock(run_dir):
             checkpoint = resolve_resume(run_dir / "checkpoints", cfg.resume)
             if cfg.resume == "overwrite":
                 discard_records(run_dir)
-            trackers = build_trackers(cfg.logger, run_dir, cfg)
-            status = "FAILED"
-            try:
-                run = TrainingRun(cfg, run_dir, trackers, checkpoint, preemption)
-                result = run.fit(make_step(run))
-                status = "FINISHED"
-                return result
-            except Preempted as preempted:
-                status = "KILLED"
-                exit_code = preempted.exit_code
-            finally:
-                trackers.finish(status)
+            if processes is None:
+                processes = cfg.cluster.nodes * cfg.cluster.gpus_per_node if cfg.cluster.launcher.value == "torchrun" else 1
+            if processes > 1:
+                resolve_model_path(cfg.model.path)  # built or found once, not by every rank at the same time
+                resolved = cfg.copy()
+                OmegaConf.resolve(resolved)  # the ranks have no Hydra to resolve ``${hydra:…}``
+                return distributed.launch(_rank_main, processes, resolved, run_dir, checkpoint, make_step)
+            return _fit(cfg, run_dir, checkpoint, make_step, build_trackers(cfg.logger, run_dir, cfg))
     except (ResumeError, RunDirBusy, CheckpointSaveError) as error:
         if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
             raise
         sys.exit(f"rlexp: {error}")
+
+
+def _fit(cfg, run_dir: Path, checkpoint: Path | None, make_step, trackers: Trackers) -> float:
+    """Train in this process with its own signal handling; a preemption closes the trackers as KILLED and
+    exits 128 + signal."""
+    status = "FAILED"
+    with Preemption(cfg.preempt_grace_s) as preemption:
+        try:
+            run = TrainingRun(cfg, run_dir, trackers, checkpoint, preemption)
+            result = run.fit(make_step(run))
+            status = "FINISHED"
+            return result
+        except Preempted as preempted:
+            status = "KILLED"
+            exit_code = preempted.exit_code
+        finally:
+            trackers.finish(status)
     raise SystemExit(exit_code)
+
+
+@record
+def _rank_main(cfg: DictConfig, run_dir: Path, checkpoint: Path | None, make_step) -> float:
+    """One rank of a distributed run: join the group, train; only rank 0 tracks, logs and shows progress."""
+    distributed.init_process_group(cfg.cluster.device)
+    ranks = distributed.world()
+    if ranks.main:
+        trackers = build_trackers(cfg.logger, run_dir, cfg)
+    else:
+        trackers = Trackers([])
+        os.environ["TQDM_DISABLE"] = "1"
+        logging.getLogger().setLevel(logging.WARNING)
+    try:
+        return _fit(cfg, run_dir, checkpoint, make_step, trackers)
+    except BaseException:
+        log.exception("rank %d of %d failed", ranks.rank, ranks.size)
+        raise
+    finally:
+        distributed.destroy_process_group()
 
 
 def timed(fn, *args, **kwargs):

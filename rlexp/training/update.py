@@ -10,6 +10,12 @@ that they mean the same whatever the micro-batch size:
   globally normalised micro-batch terms), averaged over the step's mini-batches;
 * ``train/clip_frac``, ``train/ratio_mean``, ``train/approx_kl``, ``train/kl`` and ``train/entropy``
   are means over every loss-masked token of the step; ``train/ratio_max`` is the step's maximum.
+
+Under FSDP2 (``rlexp.training.distributed``) each rank holds its share of every mini-batch: the
+normalisers (tokens, trajectories) are summed over the ranks, so each rank's loss is its share of the
+global one; the gradient is summed over the ranks (FSDP averages, so the loss is scaled by the world
+size); ranks with fewer micro-batches run zero-weighted ones, since every forward is a collective; the
+metrics are reduced over the ranks. Two ranks thus take the same step as one process.
 """
 
 from collections.abc import Callable
@@ -22,6 +28,7 @@ from rlexp.algorithms.grpo import loss_normalizer
 from rlexp.models import reference_model
 from rlexp.rollout.conversation import Sequence
 from rlexp.training.batching import collate, token_logprobs
+from rlexp.training.distributed import World, local, this_rank, world
 
 
 class TrainingDivergedError(RuntimeError):
@@ -66,8 +73,11 @@ LOSS_TERMS = ("pg_loss", "kl_loss")
 
 
 class PolicyUpdate:
-    def __init__(self, model, optimizer, scheduler, algorithm_cfg, pad_id: int, suppressed_ids: list[int], step_label):
+    def __init__(
+        self, model, optimizer, scheduler, algorithm_cfg, pad_id: int, suppressed_ids: list[int], step_label, ranks: World | None = None
+    ):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.world = ranks or world()
         self.algo = algorithm_cfg
         self.pad_id = pad_id
         self.suppressed_ids = suppressed_ids
@@ -79,11 +89,16 @@ class PolicyUpdate:
     # -- batching -----------------------------------------------------------------------------------
 
     def mini_batches(self, samples: list[Sample]) -> list[list[Sample]]:
-        per = self.algo.policy_mini_batch_size
+        """Samples by mini-batch, whole groups each; a rank's groups are its share of the step's mazes (every
+        ``size``-th), so its mini-batch ``k`` holds ``policy_mini_batch_size / size`` of them. Mini-batches
+        empty on every rank are left out; one empty on this rank only stays (it still takes part)."""
+        per = self.algo.policy_mini_batch_size // self.world.size
         by_chunk: dict[int, list[Sample]] = {}
         for sample in samples:
             by_chunk.setdefault(sample.group // per, []).append(sample)
-        return [by_chunk[k] for k in sorted(by_chunk)]
+        chunks = int(self.world.max([max(by_chunk, default=-1) + 1])[0])
+        counts = self.world.sum([len(by_chunk.get(k, [])) for k in range(chunks)])
+        return [by_chunk.get(k, []) for k in range(chunks) if counts[k]]
 
     def micro_batches(self, samples: list[Sample]) -> list[MicroBatch]:
         tokens_of: dict[int, int] = {}
@@ -97,6 +112,24 @@ class PolicyUpdate:
             counts = torch.tensor([tokens_of[s.trajectory] for s in micro], dtype=torch.float32, device=self.device)
             out.append(MicroBatch(micro, batch, counts))
         return out
+
+    def aligned_micro_batches(self, samples: list[Sample]) -> list[tuple[MicroBatch, bool]]:
+        """(micro-batch, real) pairs, as many on every rank: every forward is a collective under FSDP2, so a
+        rank with fewer micro-batches pads with copies of a sample (``real`` false: zero weight, no metrics)."""
+        micro = [(m, True) for m in self.micro_batches(samples)]
+        count, empty_ranks = self.world.max([len(micro), not samples])
+        filler = self._shared_sample(samples) if empty_ranks else samples[0] if len(micro) < count else None
+        if filler is not None:
+            micro += [(self.micro_batches([filler])[0], False)] * (int(count) - len(micro))
+        return micro
+
+    def _shared_sample(self, samples: list[Sample]) -> Sample:
+        """The first sample of the first rank that has one, on every rank (for a rank that has none)."""
+        import torch.distributed as dist
+
+        offered: list[Sample | None] = [None] * self.world.size
+        dist.all_gather_object(offered, samples[0] if samples else None)
+        return next(s for s in offered if s is not None)
 
     def logprobs(self, batch: dict[str, torch.Tensor], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         return token_logprobs(self.model, batch, temperature, self.suppressed_ids)
@@ -112,12 +145,14 @@ class PolicyUpdate:
         self.model.eval()
         gap_sum, gap_count = 0.0, 0
         try:
-            for micro in self.micro_batches(samples):
+            for micro, real in self.aligned_micro_batches(samples):
                 old, _ = self.logprobs(micro.batch, temperature)
                 ref = None
                 if reference:
                     with reference_model(self.model):
                         ref, _ = self.logprobs(micro.batch, temperature)
+                if not real:
+                    continue
                 for row, sample in enumerate(micro.samples):
                     n = len(sample.sequence.token_ids) - 1
                     sample.old_logprobs = old[row, :n].cpu()
@@ -128,6 +163,7 @@ class PolicyUpdate:
                     gap_count += int(mask.sum())
         finally:
             self.model.train(was_training)
+        gap_sum, gap_count = self.world.sum([gap_sum, gap_count])
         return {"rollout/logprob_gap": gap_sum / max(gap_count, 1)}
 
     # -- the update ---------------------------------------------------------------------------------
@@ -160,18 +196,19 @@ class PolicyUpdate:
         return metrics
 
     def _optimizer_step(self, mini_batch: list[Sample], loss_fn: LossFn, temperature: float):
-        micro_batches = self.micro_batches(mini_batch)
-        normalizers = Normalizers(
-            tokens=sum(loss_normalizer(m.batch["loss_mask"], "token_mean") for m in micro_batches),
-            trajectories=len({s.trajectory for s in mini_batch}),
-        )
+        micro_batches = self.aligned_micro_batches(mini_batch)
+        tokens, trajectories = self.world.sum([
+            sum(loss_normalizer(m.batch["loss_mask"], "token_mean") for m, real in micro_batches if real),
+            len({s.trajectory for s in mini_batch}),
+        ])
+        normalizers = Normalizers(tokens=int(tokens), trajectories=int(trajectories))
         sums = {"loss": 0.0}
-        token_sums: dict[str, float] = {}
+        token_sums: dict[str, float] = {"entropy": 0.0}
         tokens, ratio_max = 0, 0.0
         # the lr this step is taken with (the schedule moves on after it)
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.zero_grad(set_to_none=True)
-        for micro in micro_batches:
+        for micro, real in micro_batches:
             logprobs, entropy = self.logprobs(micro.batch, temperature)
             loss, metrics = loss_fn(logprobs, micro, normalizers)
             if not torch.isfinite(loss):
@@ -180,31 +217,43 @@ class PolicyUpdate:
                     f"non-finite loss ({loss.item()}) at step {self.step_label()}; the update was not applied and "
                     "the last checkpoint is intact. Try a lower algorithm.lr."
                 )
-            loss.backward()
+            for key in (*LOSS_TERMS, *TOKEN_MEANS):
+                if key in metrics:  # the same keys on every rank, padding or not
+                    (sums if key in LOSS_TERMS else token_sums).setdefault(key, 0.0)
+            if not real:
+                (loss * 0.0).backward()  # takes part in FSDP's gradient reduction, adds nothing
+                continue
+            # FSDP averages gradients over the ranks; the loss is a share of the global one, so sum them
+            (loss * self.world.size).backward()
             mask = micro.batch["loss_mask"].bool()
             n = int(mask.sum())
             tokens += n
             sums["loss"] += loss.item()
             for key in LOSS_TERMS:
                 if key in metrics:
-                    sums[key] = sums.get(key, 0.0) + float(metrics[key])
-            token_sums["entropy"] = token_sums.get("entropy", 0.0) + float(entropy[mask].sum())
+                    sums[key] += float(metrics[key])
+            token_sums["entropy"] += float(entropy[mask].sum())
             for key in TOKEN_MEANS:
                 if key in metrics:
-                    token_sums[key] = token_sums.get(key, 0.0) + float(metrics[key]) * n
+                    token_sums[key] += float(metrics[key]) * n
             if "ratio_max" in metrics:
                 ratio_max = max(ratio_max, float(metrics["ratio_max"]))
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.algo.max_grad_norm)
+        grad_norm = local(grad_norm)
         if not torch.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise TrainingDivergedError(f"non-finite gradient norm at step {self.step_label()}; the update was not applied")
         self.optimizer.step()
-        if not all(torch.isfinite(p).all() for p in self.params):
+        if not all(torch.isfinite(this_rank(p)).all() for p in self.params):
             raise TrainingDivergedError(
                 f"non-finite weights after the update at step {self.step_label()}; the last checkpoint is intact. "
                 "Try a lower algorithm.lr."
             )
         self.scheduler.step()
+        sums = dict(zip(sums, self.world.sum(list(sums.values()))))
+        token_sums = dict(zip(token_sums, self.world.sum(list(token_sums.values()))))
+        tokens = int(self.world.sum([tokens])[0])
+        ratio_max = self.world.max([ratio_max])[0]
         sums["grad_norm"] = float(grad_norm)
         sums["lr"] = lr
         return sums, token_sums, tokens, ratio_max
