@@ -209,53 +209,32 @@ class Pool:
 
 
 def make_model(processor, args, device):
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    from transformers import Qwen3VLForConditionalGeneration
+
+    from rlexp.models.tiny import tiny_config
 
     tok = processor.tokenizer
-    ids = {t: tok.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>", "<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
+    ids = {t: tok.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>")}
     head_dim = args.text_hidden // args.text_heads
     half = head_dim // 2
     sec_hw = (half * 5) // 16  # Qwen3-VL 8B: [24, 20, 20] of 64
     mrope = [half - 2 * sec_hw, sec_hw, sec_hw]
-    text_config = {
+    text = {
         "hidden_size": args.text_hidden,
         "intermediate_size": args.text_inter,
         "num_hidden_layers": args.text_layers,
         "num_attention_heads": args.text_heads,
         "num_key_value_heads": args.text_kv_heads,
         "head_dim": head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": 32768,
-        "rms_norm_eps": 1e-6,
         "rope_parameters": {"rope_type": "default", "rope_theta": 5_000_000.0, "mrope_section": mrope, "mrope_interleaved": True},
-        "vocab_size": len(tok),
-        "pad_token_id": ids["<|endoftext|>"],
     }
-    vision_config = {
+    vision = {
         "depth": args.vis_depth,
         "hidden_size": args.vis_hidden,
         "intermediate_size": args.vis_inter,
         "num_heads": args.vis_heads,
-        "hidden_act": "gelu_pytorch_tanh",
-        "in_channels": 3,
-        "patch_size": 16,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "num_position_embeddings": 2304,
-        "deepstack_visual_indexes": [0],
-        "out_hidden_size": args.text_hidden,
     }
-    config = Qwen3VLConfig(
-        text_config=text_config,
-        vision_config=vision_config,
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False,
-    )
-    config.eos_token_id = ids["<|im_end|>"]
-    config.pad_token_id = ids["<|endoftext|>"]
+    config = tiny_config(tok, text, vision)
     torch.manual_seed(args.seed)
     model = Qwen3VLForConditionalGeneration(config).to(device=device, dtype=torch.float32)
     from transformers import GenerationConfig

@@ -229,14 +229,15 @@ def tiny_spec_hash(seed: int = 0) -> str:
     return hashlib.sha256(payload).hexdigest()[:12]
 
 
-def tiny_config(tokenizer=None):
-    """The tiny model's ``Qwen3VLConfig`` (what ``task=plan`` reads; no weights are made)."""
+def tiny_config(tokenizer=None, text: dict | None = None, vision: dict | None = None):
+    """The tiny model's ``Qwen3VLConfig`` (what ``task=plan`` reads; no weights are made); ``text`` and
+    ``vision`` replace entries of ``TINY_TEXT_CONFIG`` / ``TINY_VISION_CONFIG`` for a scaled-up variant."""
     from transformers import Qwen3VLConfig
 
     tokenizer = tokenizer or build_tiny_tokenizer()
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    text_config = dict(TINY_TEXT_CONFIG, vocab_size=len(tokenizer), pad_token_id=ids[PAD_TOKEN])
-    vision_config = dict(TINY_VISION_CONFIG, out_hidden_size=TINY_TEXT_CONFIG["hidden_size"])
+    text_config = dict(TINY_TEXT_CONFIG, **(text or {}), vocab_size=len(tokenizer), pad_token_id=ids[PAD_TOKEN])
+    vision_config = dict(TINY_VISION_CONFIG, **(vision or {}), out_hidden_size=text_config["hidden_size"])
     config = Qwen3VLConfig(
         text_config=text_config,
         vision_config=vision_config,
