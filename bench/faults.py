@@ -623,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="keep the trials' run dirs and logs here (default: a temp dir, removed)")
     args = parser.parse_args(argv)
     counts = (
-        dict(kills=2, sigterm=1, sigint=0, term2=1, lock=1, corrupt=1, disk=1, tracker=1, fuzz=2000)
+        dict(kills=2, sigterm=1, sigint=1, term2=1, lock=1, corrupt=1, disk=1, tracker=1, fuzz=2000)
         if args.quick else
         dict(kills=20, sigterm=10, sigint=2, term2=2, lock=2, corrupt=5, disk=3, tracker=2, fuzz=10_000)
     )
