@@ -24,6 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rlexp.cluster import RAY_JOB_PAYLOAD
 from rlexp.config import COMPUTE_TASKS, VLLM_ENGINE, ConfigError, register_configs, schema_keys, schema_node, validate
 from rlexp.planning import check_fit
 from rlexp.runtime import cluster_choice
@@ -151,7 +152,8 @@ def prepare(cfg: DictConfig) -> None:
     if task not in TASKS:
         raise ConfigError(f"task={task} is not implemented yet; available now: {', '.join(TASKS)}")
     validate(cfg)
-    if task in COMPUTE_TASKS and not (task == "eval" and cfg.eval.policy.value != "model"):
+    on_ray = cfg.cluster.launcher.value == "ray"  # the machines are the Ray cluster's, not this one
+    if task in COMPUTE_TASKS and not (task == "eval" and cfg.eval.policy.value != "model") and not on_ray:
         check_machine(cfg)
     if task == "train":
         check_fit(cfg, cluster_choice())
@@ -199,11 +201,16 @@ def _check_cuda_device(cluster: Any) -> None:
 
 
 def run_task(cfg: DictConfig):
-    """Prepare, then run the chosen task; configuration mistakes end with one line, not a traceback. In a
+    """Prepare, then run the chosen task (with ``cluster.launcher=ray``, training is submitted to the Ray
+    cluster instead, see ``rlexp.cluster.ray_jobs``); configuration mistakes end with one line, not a traceback. In a
     multirun the job is recorded as a FAILED tracker run with the error as a tag, then fails, so that the
     sweep's other jobs still run and the sweep reports the failure."""
     try:
         prepare(cfg)
+        if cfg.cluster.launcher.value == "ray" and cfg.task.value == "train" and RAY_JOB_PAYLOAD not in os.environ:
+            from rlexp.cluster.ray_jobs import submit
+
+            return submit(cfg)
     except ConfigError as error:
         if not (HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN):
             sys.exit(f"rlexp: {error}")

@@ -25,7 +25,6 @@ class Task(str, Enum):
     report = "report"
     export = "export"
     manifest = "manifest"
-    submit = "submit"
 
 
 class DType(str, Enum):
@@ -236,27 +235,73 @@ class RolloutConfig:
 
 
 @dataclass
+class RayConfig:
+    """``cluster.launcher=ray``: the run goes to a Ray cluster through Ray's Job Submission API, and its
+    ranks run there as Ray actors (``rlexp.training.ray_workers``)."""
+
+    #: the cluster, passed to Ray as is: http://<head>:8265, ray://<head>:10001, or a provider's scheme
+    #: (sagemaker_ray://<cluster>/<namespace>); null: $RAY_ADDRESS.
+    address: Optional[str] = None
+    #: names of the submitting shell's environment variables the job gets; nothing else travels (credentials
+    #: included: name WANDB_API_KEY here to send it).
+    env_vars: list[str] = field(default_factory=list)
+    #: a single run: stream the job's logs until it ends, and exit with its outcome; false: print the job id.
+    follow: bool = True
+    #: a multirun: at most this many of its jobs pending or running at once (it waits for a slot).
+    max_concurrent_jobs: int = ranged(4, "[1, inf)")
+    #: training processes; null: one per GPU (nodes x gpus_per_node), or 1 on a CPU cluster.
+    workers: Optional[int] = ranged(None, "[1, inf)")
+    #: CPUs in each worker's placement-group bundle (beside its GPU).
+    cpus_per_worker: int = ranged(1, "[1, inf)")
+
+
+@dataclass
+class KubeRayConfig:
+    """``task=manifest``: the KubeRay ``RayCluster`` (and ``RayJob``) written for this cluster."""
+
+    #: the image built from the Dockerfile, pushed where the cluster pulls from.
+    image: str = "rlexp:latest"
+    namespace: str = "default"
+    #: the ReadWriteMany claim mounted at ``cluster.shared_storage`` on every pod (e.g. an FSx for Lustre PVC).
+    storage_claim: str = "fsx-claim"
+    #: written as a PersistentVolumeClaim of this size with ``storage_class`` (null: the claim exists already).
+    storage_gb: Optional[int] = ranged(None, "[1, inf)")
+    storage_class: Optional[str] = None
+    #: CPUs the head pod asks for (the head runs Ray's GCS and dashboard and the job's driver).
+    head_cpus: int = ranged(8, "[1, inf)")
+    head_memory_gb: int = ranged(32, "[1, inf)")
+    #: the share of a node's CPUs and memory its pod asks for (the rest is the node's own).
+    pod_share: float = ranged(0.9, "(0, 1]")
+
+
+@dataclass
 class ClusterConfig:
-    """The machines of a run. ``task=plan`` reads all of it. Training runs on one node: one process
-    (``launcher=local``), or one per GPU with FSDP2 (``launcher=torchrun``); ``validate`` refuses
-    multi-node settings for it until the Ray launcher exists."""
+    """The machines of a run. ``task=plan`` reads all of it. One node runs one process
+    (``launcher=local``) or one per GPU with FSDP2 (``launcher=torchrun``); ``launcher=ray`` submits the
+    run to a Ray cluster of any number of nodes, where the same per-rank code runs in Ray actors."""
 
     nodes: int = ranged(1, "[1, inf)")
-    #: 0 with ``device=cpu``; with ``device=cuda``, more than 1 runs one process per GPU (``launcher=torchrun``).
+    #: 0 with ``device=cpu``; with ``device=cuda``, more than 1 runs one process per GPU (torchrun or ray).
     gpus_per_node: int = ranged(0, "[0, inf)")
     #: memory of each GPU (GB); the run refuses to start on a GPU with less. 0 = no GPU.
     gpu_memory_gb: float = ranged(0.0, "[0, inf)")
     #: host memory (GB); the run refuses to start on a machine with less.
     cpu_memory_gb: float = ranged(0.0, "[0, inf)")
-    #: the Ray head's instance type (launcher=ray; training refuses it until multi-node runs exist).
+    #: vCPUs of each worker node (``task=manifest`` sizes the worker pods from it).
+    cpus_per_node: Optional[int] = ranged(None, "[1, inf)")
+    #: the worker nodes' instance type (the worker pods' node selector), e.g. ml.g7e.12xlarge.
+    instance_type: Optional[str] = None
+    #: the Ray head's instance type (launcher=ray), e.g. ml.r5d.16xlarge: a CPU node, no training on it.
     head: Optional[str] = None
-    #: storage every node sees (multi-node runs; training refuses it until they exist).
+    #: storage every node sees at this path (launcher=ray): run dirs, adapters and checkpoints live under it.
     shared_storage: Optional[str] = None
     launcher: Launcher = Launcher.local
     #: USD per node-hour: ``task=plan`` and ``task=report`` give GPU-hours and cost with it.
     price_per_hour: Optional[float] = ranged(None, "[0, inf)")
     #: torch device of the trainer and the in-process engine: cpu, cuda or cuda:N.
     device: str = ranged("cpu", pattern=DEVICE_PATTERN)
+    ray: RayConfig = field(default_factory=RayConfig)
+    kuberay: KubeRayConfig = field(default_factory=KubeRayConfig)
 
 
 @dataclass
@@ -476,6 +521,11 @@ def validate(cfg: Any) -> None:
     _check_fields(cfg, Config)
     if cfg.task.value in COMPUTE_TASKS:
         _check_cluster(cfg.cluster)
+        if cfg.task.value == "eval" and cfg.cluster.launcher == Launcher.ray:
+            raise ConfigError(
+                "cluster.launcher=ray submits training; task=eval runs where it is started: pick a local cluster "
+                "option (cluster=gpu_1x, or local_cpu) and checkpoint=<the run dir's checkpoint on shared storage>"
+            )
     _check_strings(cfg)
     _check_env(cfg.env)
     _check_algorithm(cfg)
@@ -485,29 +535,40 @@ def validate(cfg: Any) -> None:
 
 
 def _check_cluster(cluster: Any) -> None:
-    if cluster.launcher == Launcher.ray:
-        raise ConfigError("cluster.launcher=ray is not implemented yet; use local (one GPU) or torchrun (the GPUs of one node)")
-    if cluster.nodes > 1:
+    on_ray = cluster.launcher == Launcher.ray
+    if cluster.nodes > 1 and not on_ray:
         raise ConfigError(
-            f"cluster.nodes={cluster.nodes}: multi-node runs (the Ray launcher) are not implemented yet; use nodes=1 "
-            "(torchrun runs FSDP2 over the GPUs of one node)"
+            f"cluster.nodes={cluster.nodes} needs cluster.launcher=ray (several nodes run as one Ray cluster); "
+            "torchrun runs FSDP2 over the GPUs of one node"
+        )
+    if cluster.nodes > 1 and cluster.shared_storage is None:
+        raise ConfigError(
+            f"cluster.nodes={cluster.nodes}: set cluster.shared_storage to a path every node mounts (run dirs, "
+            "adapters and checkpoints live there)"
         )
     for key in ("head", "shared_storage"):
-        if cluster[key] is not None:
+        if cluster[key] is not None and not on_ray:
             raise ConfigError(
-                f"cluster.{key}={cluster[key]} is for multi-node runs, which are not implemented yet (task=plan reads it); "
-                "leave it null"
+                f"cluster.{key}={cluster[key]} is for runs on a Ray cluster (cluster.launcher=ray); leave it null "
+                f"with launcher={cluster.launcher.value}"
             )
+    if cluster.ray.workers is not None and not on_ray:
+        raise ConfigError(f"cluster.ray.workers={cluster.ray.workers} is read with cluster.launcher=ray only; leave it null")
+    if on_ray and cluster.gpus_per_node and cluster.ray.workers not in (None, cluster.nodes * cluster.gpus_per_node):
+        raise ConfigError(
+            f"cluster.ray.workers={cluster.ray.workers}: on GPUs there is one worker per GPU "
+            f"(nodes x gpus_per_node = {cluster.nodes * cluster.gpus_per_node}); leave it null"
+        )
     on_gpu = str(cluster.device).startswith("cuda")
     if on_gpu != (cluster.gpus_per_node >= 1):
         raise ConfigError(
             f"cluster.device={cluster.device} with cluster.gpus_per_node={cluster.gpus_per_node}: "
             "use device=cpu with 0 GPUs, or device=cuda[:N] with 1 or more"
         )
-    if cluster.gpus_per_node > 1 and (cluster.launcher != Launcher.torchrun or cluster.device != "cuda"):
+    if cluster.gpus_per_node > 1 and (cluster.launcher == Launcher.local or cluster.device != "cuda"):
         raise ConfigError(
-            f"cluster.gpus_per_node={cluster.gpus_per_node} needs cluster.launcher=torchrun and cluster.device=cuda "
-            "(one process per GPU, each on its own); or use gpus_per_node=1"
+            f"cluster.gpus_per_node={cluster.gpus_per_node} needs cluster.launcher=torchrun (or ray) and "
+            "cluster.device=cuda (one process per GPU, each on its own); or use gpus_per_node=1"
         )
     if cluster.launcher == Launcher.torchrun and not on_gpu:
         raise ConfigError("cluster.launcher=torchrun starts one process per GPU; with cluster.device=cpu use launcher=local")

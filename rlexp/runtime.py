@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
 
 
 def run_dir_of(cfg: DictConfig) -> Path:
@@ -23,6 +24,32 @@ def run_dir_of(cfg: DictConfig) -> Path:
 def cluster_choice() -> str:
     """The ``cluster`` option the config was composed with ("custom" outside a Hydra app)."""
     return HydraConfig.get().runtime.choices.get("cluster", "custom") if HydraConfig.initialized() else "custom"
+
+
+def hydra_context() -> dict | None:
+    """What rlexp reads of Hydra's config, resolved: the mode, the output dir, the group choices, the sweep
+    dir and the command line's overrides; None outside a Hydra app. A process without Hydra of its own (a
+    rank, a Ray job) restores it with ``restore_hydra_context`` and then runs as the launching one."""
+    if not HydraConfig.initialized():
+        return None
+    hydra = HydraConfig.get()
+    multirun = hydra.mode == RunMode.MULTIRUN
+    return {
+        "mode": (hydra.mode or RunMode.RUN).name,
+        "runtime": {"output_dir": OmegaConf.select(hydra, "runtime.output_dir", default=None), "choices": OmegaConf.to_container(hydra.runtime.choices)},
+        "sweep": {"dir": str(hydra.sweep.dir) if multirun else None},
+        "overrides": {"task": list(hydra.overrides.task)},
+    }
+
+
+def restore_hydra_context(context: dict, output_dir: str | None = None) -> None:
+    """Make ``context`` (from ``hydra_context``) this process's Hydra config, optionally with another
+    output dir (the run dir on a cluster's shared storage)."""
+    node = OmegaConf.create({"hydra": {**context, "mode": RunMode[context["mode"]]}})
+    if output_dir is not None:
+        node.hydra.runtime.output_dir = output_dir
+    OmegaConf.set_readonly(node, True)
+    HydraConfig.instance().cfg = node  # set_config() wants Hydra's whole typed schema, of which rlexp reads this
 
 
 def seed_everything(seed: int) -> None:

@@ -17,9 +17,10 @@ LAYERS = [
     ["rollout"],
     ["evaluation"],
     ["training"],
+    ["cluster"],
 ]
 #: what may import anything: the recipes, and the entrypoint that dispatches to them.
-TOP = {"tasks", "cli", "__main__", "__init__"}
+TOP = {"tasks", "cli", "__main__", "__init__", "ray_job"}
 
 
 def _unit(path: Path) -> str:

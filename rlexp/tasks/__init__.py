@@ -11,4 +11,5 @@ TASKS = {
     "plan": "rlexp.tasks.plan:plan",
     "report": "rlexp.tasks.report:report",
     "export": "rlexp.tasks.export:export",
+    "manifest": "rlexp.tasks.manifest:manifest",
 }

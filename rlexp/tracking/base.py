@@ -101,6 +101,10 @@ class Trackers:
     def __init__(self, trackers: list[Tracker]):
         self.trackers = trackers
 
+    def add(self, tracker: Tracker) -> None:
+        """One more tracker, from now on (it gets no earlier calls)."""
+        self.trackers.append(tracker)
+
     def _each(self, method: str, *args) -> None:
         for tracker in self.trackers:
             self._call(tracker, method, *args)

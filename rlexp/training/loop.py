@@ -7,7 +7,9 @@ last whole state and exits 143/130 with the tracked run marked KILLED (see ``rle
 
 With ``cluster.launcher=torchrun`` and more than one GPU, ``run_training`` starts one process per GPU
 (``rlexp.training.distributed``); each shards the policy with FSDP2 and plays its share of the mazes;
-rank 0 alone evaluates, tracks and writes the checkpoint's consolidated files.
+rank 0 alone evaluates, tracks and writes the checkpoint's consolidated files. With
+``cluster.launcher=ray`` (inside the Ray job that ``rlexp.cluster.ray_jobs`` submitted) the same ranks
+run as Ray actors (``rlexp.training.ray_workers``).
 """
 
 import json
@@ -31,9 +33,11 @@ from rlexp.models import load_policy, never_generated_ids, resolve_model_path
 from rlexp.rollout.conversation import TurnFormatter
 from rlexp.rollout.driver import rollout_metrics
 from rlexp.rollout.engine import build_engine
-from rlexp.runtime import RunDirBusy, run_dir_lock, run_dir_of, seed_everything
+from rlexp.runtime import RunDirBusy, hydra_context, restore_hydra_context, run_dir_lock, run_dir_of, seed_everything
 from rlexp.tracking import Trackers, build_trackers, discard_records
-from rlexp.training import distributed
+from rlexp.tracking.base import run_info
+from rlexp.tracking.ray_metrics import RayMetricsTracker
+from rlexp.training import distributed, ray_workers
 from rlexp.training.checkpoint import (
     CheckpointSaveError,
     ResumeError,
@@ -88,7 +92,7 @@ class TrainingRun:
         self.world = distributed.world()
         seed_everything(cfg.seed)
         on_gpu = str(cfg.cluster.device).startswith("cuda")
-        device = f"cuda:{torch.cuda.current_device()}" if on_gpu and self.world.distributed else cfg.cluster.device
+        self.device = device = f"cuda:{torch.cuda.current_device()}" if on_gpu and self.world.distributed else cfg.cluster.device
         self.model, self.processor = load_policy(cfg.model, device, adapter=checkpoint and checkpoint / "policy", trainable=True)
         if self.world.distributed:
             distributed.shard_policy(self.model, on_gpu)
@@ -171,6 +175,7 @@ class TrainingRun:
                 metrics = train_step()
                 self.step += 1
                 metrics.update(self.sync_engine())
+                metrics.update(_gpu_memory_metrics(self.device))
                 self.eval_due = self.step % cfg.eval_interval == 0 or self.step == cfg.total_steps
                 self.trackers.log_metrics(metrics, self.step)
                 log.info(_step_line(self.step, cfg.total_steps, metrics))
@@ -272,20 +277,29 @@ def run_training(cfg: DictConfig, make_step: Callable[[TrainingRun], TrainStep],
     line naming it and the free space; in a multirun it fails that job only.
 
     ``processes`` (default: the cluster's GPUs under ``launcher=torchrun``, else 1) above 1 runs the same
-    in that many local processes, one per rank (on CPU: gloo, as the tests do)."""
+    in that many local processes, one per rank (on CPU: gloo, as the tests do). Under ``launcher=ray``
+    the ranks are Ray actors, one per GPU (``cluster.ray.workers`` on a CPU cluster)."""
     run_dir = run_dir_of(cfg)
+    launcher = cfg.cluster.launcher.value
     try:
         with run_dir_lock(run_dir):
             checkpoint = resolve_resume(run_dir / "checkpoints", cfg.resume)
             if cfg.resume == "overwrite":
                 discard_records(run_dir)
             if processes is None:
-                processes = cfg.cluster.nodes * cfg.cluster.gpus_per_node if cfg.cluster.launcher.value == "torchrun" else 1
-            if processes > 1:
+                processes = cfg.cluster.nodes * cfg.cluster.gpus_per_node if launcher == "torchrun" else 1
+            if processes > 1 or launcher == "ray":
                 resolve_model_path(cfg.model.path)  # built or found once, not by every rank at the same time
                 resolved = cfg.copy()
                 OmegaConf.resolve(resolved)  # the ranks have no Hydra to resolve ``${hydra:…}``
-                return distributed.launch(_rank_main, processes, resolved, run_dir, checkpoint, make_step)
+                # … but trackers name and tag runs from Hydra's choices and sweep: the ranks get them too
+                rank_args = (resolved, run_dir, checkpoint, make_step, hydra_context())
+                if launcher == "ray":
+                    cluster = cfg.cluster
+                    workers = cluster.nodes * cluster.gpus_per_node or cluster.ray.workers or 1
+                    gpus = 1 if cluster.gpus_per_node else 0
+                    return ray_workers.launch(_rank_main, workers, gpus, cluster.ray.cpus_per_worker, *rank_args)
+                return distributed.launch(_rank_main, processes, *rank_args)
             return _fit(cfg, run_dir, checkpoint, make_step, build_trackers(cfg.logger, run_dir, cfg))
     except (ResumeError, RunDirBusy, CheckpointSaveError) as error:
         if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
@@ -312,12 +326,18 @@ def _fit(cfg, run_dir: Path, checkpoint: Path | None, make_step, trackers: Track
 
 
 @record
-def _rank_main(cfg: DictConfig, run_dir: Path, checkpoint: Path | None, make_step) -> float:
-    """One rank of a distributed run: join the group, train; only rank 0 tracks, logs and shows progress."""
+def _rank_main(cfg: DictConfig, run_dir: Path, checkpoint: Path | None, make_step, hydra: dict | None = None) -> float:
+    """One rank of a distributed run: join the group, train; only rank 0 tracks, logs and shows progress.
+    ``hydra``: the launching process's Hydra config, so that its trackers name and tag the run alike."""
+    if hydra is not None and not HydraConfig.initialized():
+        restore_hydra_context(hydra)
     distributed.init_process_group(cfg.cluster.device)
     ranks = distributed.world()
     if ranks.main:
         trackers = build_trackers(cfg.logger, run_dir, cfg)
+        if cfg.cluster.launcher.value == "ray":
+            info = run_info(run_dir, cfg)
+            trackers.add(RayMetricsTracker(info["run_name"], info["experiment"]))
     else:
         trackers = Trackers([])
         os.environ["TQDM_DISABLE"] = "1"
@@ -329,6 +349,15 @@ def _rank_main(cfg: DictConfig, run_dir: Path, checkpoint: Path | None, make_ste
         raise
     finally:
         distributed.destroy_process_group()
+
+
+def _gpu_memory_metrics(device) -> dict[str, float]:
+    """The step's peak GPU memory of this process (none on the CPU); the peak is reset for the next step."""
+    if torch.device(device).type != "cuda":
+        return {}
+    peak = torch.cuda.max_memory_allocated(device) / 1e9
+    torch.cuda.reset_peak_memory_stats(device)
+    return {"system/gpu_peak_memory_gb": peak}
 
 
 def timed(fn, *args, **kwargs):
