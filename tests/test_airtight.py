@@ -17,9 +17,9 @@ from rlexp.config import ENGINE_OPTIONS, ConfigError, EngineConfig, field_type, 
 PACKAGE = Path(__file__).resolve().parent.parent / "rlexp"
 #: keys that nothing reads yet, each with a value other than its default that validation must refuse.
 REFUSED: dict[str, str] = {}
-#: keys ``task=plan`` reads, with a value training cannot run yet (multi-node runs), which it must refuse.
+#: keys ``task=plan`` reads, with a value training cannot run on the local launchers (multi-node runs need Ray), which it must refuse.
 NOT_FOR_TRAINING = {
-    "cluster.launcher": "ray",
+    "cluster.ray.workers": "2",
     "cluster.nodes": "2",
     "cluster.head": "ml.r5d.16xlarge",
     "cluster.shared_storage": "/fsx",

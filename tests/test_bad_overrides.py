@@ -4,6 +4,7 @@ Each case runs what ``rlexp`` runs before a task, in-process: the override check
 ``prepare`` (``validate`` and the machine check). Two subprocess tests cover the command line itself.
 """
 
+import os
 import subprocess
 import sys
 
@@ -160,10 +161,9 @@ BAD = [
     (["run_name="], "run_name"),
     (["model.lora.target_modules=[]"], "model.lora.target_modules"),
     (["model.attn_implementation=flash"], "model.attn_implementation"),
-    # cluster settings training cannot run yet (task=plan reads them): refused for it until they work
-    (["experiment=visgym_maze_grpo"], "cluster.launcher"),
-    (["cluster=hyperpod_g7e_12xlarge"], "cluster.launcher"),
-    (["cluster.launcher=ray"], "cluster.launcher"),
+    # cluster settings the chosen launcher cannot run (task=plan reads them all)
+    (["cluster.ray.workers=2"], "cluster.ray.workers"),
+    (["cluster=ray_cpu", "cluster.ray.workers=0"], "cluster.ray.workers"),
     (["cluster.launcher=torchrun"], "cluster.launcher"),
     (["cluster.nodes=3"], "cluster.nodes"),
     (["cluster.nodes=0"], "cluster.nodes"),
@@ -257,7 +257,8 @@ def test_cuda_device_is_checked_before_loading(monkeypatch, no_model_load):
 
 
 def _rlexp(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlexp", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.run([sys.executable, "-m", "rlexp", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize(
@@ -265,7 +266,7 @@ def _rlexp(*args: str) -> subprocess.CompletedProcess:
     [
         (["algoritm.lr=1"], "did you mean 'algorithm'?"),
         (["env.max_steps=12", "hydra.run.dir=/tmp/rlexp-test-unused"], "env.max_steps=12"),
-        (["experiment=visgym_maze_grpo", "hydra.run.dir=/tmp/rlexp-test-unused"], "cluster.launcher=ray is not implemented yet; use local"),
+        (["cluster=ray_cpu", "hydra.run.dir=/tmp/rlexp-test-unused"], "cluster.launcher=ray needs the cluster's address"),
     ],
 )
 def test_cli_refuses_in_one_line_without_traceback(args, needle):

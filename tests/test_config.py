@@ -29,8 +29,6 @@ def _options(group: str) -> list[str]:
 ALL_OPTIONS = [(group, option) for group in GROUPS for option in _options(group)]
 #: options that compose but describe runs that are not implemented yet: validation refuses them, naming this key.
 REFUSED = {
-    ("cluster", "hyperpod_g7e_12xlarge"): "cluster.launcher",
-    ("experiment", "visgym_maze_grpo"): "cluster.launcher",
     ("rollout", "vllm"): "cluster.device",  # vLLM needs the GPU; test_rollout_vllm_validates_on_one_gpu
 }
 

@@ -98,6 +98,12 @@ COMMANDS = {
         "tiny", "test_sweep_file_runs_as_written", extra=("hydra.sweeper.n_trials=2",)),
     "rlexp -m --config-dir sweeps --config-name optuna hydra.sweeper.n_trials=40 experiment=visgym_maze_grpo": Doc(
         "cfg job", "test_composing_commands"),
+    "ray start --head --node-ip-address=127.0.0.1 --dashboard-host=127.0.0.1 --num-cpus=2": Doc(
+        "not run", "tests/cluster/test_ray_e2e.py (its head, on free ports)"),
+    "rlexp cluster=ray_cpu cluster.ray.address=http://127.0.0.1:8265 cluster.ray.workers=2": Doc(
+        "not run", "tests/cluster/test_ray_e2e.py (the same run, submitted to its head)"),
+    "rlexp task=manifest cluster=hyperpod_g7e_12xlarge cluster.kuberay.image=<account>.dkr.ecr.<region>.amazonaws.com/rlexp:latest": Doc(
+        "not run", "tests/cluster/test_manifests.py (task=manifest for every GPU cluster option)"),
     "rlexp task=report report.sweep=multirun-2026-12-03_10-00-00": Doc(
         "as written", "test_report_of_a_sweep", replace=(("multirun-2026-12-03_10-00-00", SWEEP_NAME),)),
 }
