@@ -150,7 +150,11 @@ def job_config(cfg: DictConfig) -> DictConfig:
 
 
 def config_digest(job_cfg: DictConfig) -> str:
-    text = json.dumps(OmegaConf.to_container(job_cfg, enum_to_str=True), sort_keys=True, default=str)
+    """What makes two submissions of one run dir the same run: the resolved config less ``run_name``
+    (a timestamp by default; the run dir, compared beside it, already names the run)."""
+    config = OmegaConf.to_container(job_cfg, enum_to_str=True)
+    config.pop("run_name", None)
+    text = json.dumps(config, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

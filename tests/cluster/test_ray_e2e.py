@@ -70,9 +70,9 @@ def test_a_tiny_run_on_two_ray_workers_lands_its_run_dir_eval_and_mlflow_run_the
     from mlflow import MlflowClient
     from ray.job_submission import JobSubmissionClient
 
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path / "on-ray"  # the MLflow run is named after it
     env = {**own_env(), "WANDB_API_KEY": "not-for-the-cluster", "RLEXP_TEST_VAR": "travels"}
-    overrides = ["cluster.ray.workers=2", "cluster.ray.env_vars=[RLEXP_TEST_VAR]", "run_name=on-ray", "total_steps=2",
+    overrides = ["cluster.ray.workers=2", "cluster.ray.env_vars=[RLEXP_TEST_VAR]", "total_steps=2",
                  "eval_interval=2", "ckpt_interval=2"]
     first = _submit(ray_head, run_dir, env, *overrides)
     out = first.stdout + first.stderr
