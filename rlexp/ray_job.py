@@ -7,7 +7,6 @@ actors (``rlexp.training.ray_workers``).
 """
 
 import json
-import logging
 import os
 import sys
 
@@ -16,14 +15,14 @@ from omegaconf import OmegaConf
 from rlexp.cli import run_task
 from rlexp.cluster import RAY_JOB_PAYLOAD
 from rlexp.config import Config
-from rlexp.runtime import restore_hydra_context
+from rlexp.runtime import log_like_hydra, restore_hydra_context
 
 
 def main() -> None:
     if RAY_JOB_PAYLOAD not in os.environ:
         sys.exit(f"rlexp.ray_job runs inside a Ray job that rlexp submitted (cluster.launcher=ray); ${RAY_JOB_PAYLOAD} is not set")
     payload = json.loads(os.environ[RAY_JOB_PAYLOAD])
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s", stream=sys.stdout)
+    log_like_hydra()
     if payload["hydra"] is not None:
         restore_hydra_context(payload["hydra"], output_dir=payload["run_dir"])
     cfg = OmegaConf.merge(OmegaConf.structured(Config), payload["config"])

@@ -1,8 +1,10 @@
 """Process-level facts every task shares: where a run lives, who holds it, and seeding."""
 
 import fcntl
+import logging
 import os
 import random
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,6 +52,12 @@ def restore_hydra_context(context: dict, output_dir: str | None = None) -> None:
         node.hydra.runtime.output_dir = output_dir
     OmegaConf.set_readonly(node, True)
     HydraConfig.instance().cfg = node  # set_config() wants Hydra's whole typed schema, of which rlexp reads this
+
+
+def log_like_hydra() -> None:
+    """INFO and up to stdout in Hydra's job-log format, for a process Hydra did not start (a Ray job's
+    driver, a rank's Ray actor), so that its log reads as a local run's does."""
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s", stream=sys.stdout)
 
 
 def seed_everything(seed: int) -> None:

@@ -100,7 +100,10 @@ class RankWorker:
         an actor that raised SystemExit would be reported dead, not preempted."""
         import os
 
+        from rlexp.runtime import log_like_hydra
+
         os.environ.update(env)
+        log_like_hydra()  # Ray's worker process logs nothing below WARNING of ours otherwise
         try:
             return "return", entrypoint(*args)
         except SystemExit as exit:

@@ -1,9 +1,12 @@
 """``cluster.launcher=ray`` against a real Ray cluster: a head started by this module on 127.0.0.1, the tiny
 run submitted through Ray's Job Submission API with two CPU workers (the gloo FSDP2 path), its run dir,
-eval and MLflow entries read back, and a resubmission of the finished config skipped."""
+eval and MLflow entries read back, and a resubmission of the finished config skipped; a job stopped with
+``ray job stop`` mid-run leaves a checkpoint and a KILLED run that the same command resumes; a multirun
+of jobs under a cap of one at a time, re-run with one more job, submits only the new one."""
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -108,3 +111,105 @@ def test_a_tiny_run_on_two_ray_workers_lands_its_run_dir_eval_and_mlflow_run_the
     assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
     assert "with this config; skipped" in second.stdout
     assert sum((j.metadata or {}).get("rlexp_run_dir") == str(run_dir) for j in client.list_jobs()) == 1
+
+
+def _job_id(output: str) -> str:
+    return re.search(r"submitted Ray job (\S+)", output).group(1)
+
+
+def _mlflow_run(name: str):
+    from mlflow import MlflowClient
+
+    tracking = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    runs = tracking.search_runs(
+        [e.experiment_id for e in tracking.search_experiments()], f"tags.mlflow.runName = '{name}'"
+    )
+    assert len(runs) == 1, [r.info.run_name for r in runs]
+    return tracking, runs[0]
+
+
+def test_ray_job_stop_mid_run_leaves_a_checkpoint_and_a_killed_run_that_the_same_command_resumes(ray_head, tmp_path):
+    from ray.job_submission import JobSubmissionClient
+
+    run_dir = tmp_path / "stopped-on-ray"
+    # no periodic checkpoint before the end: one found after the stop is the one the SIGTERM wrote
+    overrides = ["total_steps=6", "eval_interval=6", "ckpt_interval=100"]
+    first = _submit(ray_head, run_dir, own_env(), *overrides, "cluster.ray.follow=false")
+    assert first.returncode == 0, (first.stdout + first.stderr)[-4000:]
+    job_id = _job_id(first.stdout)
+
+    client = JobSubmissionClient(ray_head)
+    deadline = time.time() + 300
+    while not ((run_dir / "metrics.jsonl").is_file() and logged_steps(run_dir)):
+        status = str(client.get_job_status(job_id))
+        assert "SUCCEEDED" not in status and "FAILED" not in status, client.get_job_logs(job_id)[-3000:]
+        assert time.time() < deadline, "the job logged no step within 300 s"
+        time.sleep(0.2)
+    ray_bin = shutil.which("ray") or str(Path(sys.executable).parent / "ray")
+    stop = subprocess.run([ray_bin, "job", "stop", job_id, "--address", ray_head], capture_output=True, text=True,
+                          env=own_env(), timeout=240)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    logs = client.get_job_logs(job_id)
+    assert str(getattr(client.get_job_status(job_id), "value", "")) == "STOPPED", logs[-3000:]
+
+    # what the SIGTERM left: a whole checkpoint of the steps done, the run KILLED here and in MLflow
+    done = logged_steps(run_dir)
+    assert 1 <= len(done) < 6 and done == list(range(1, len(done) + 1)), (done, logs[-3000:])
+    checkpoints = sorted((run_dir / "checkpoints").glob("global_step_*"))
+    assert [c.name for c in checkpoints] == [f"global_step_{done[-1]}"], logs[-3000:]
+    assert (checkpoints[0] / "manifest.json").is_file()
+    assert (run_dir / "status").read_text().strip() == "KILLED"
+    _, killed = _mlflow_run("stopped-on-ray")
+    assert killed.info.status == "KILLED"
+
+    # the same command again: it resumes from that checkpoint and finishes, each step logged once
+    second = _submit(ray_head, run_dir, own_env(), *overrides)
+    out = second.stdout + second.stderr
+    assert second.returncode == 0, out[-4000:]
+    assert f"global_step_{done[-1]}" in out, out[-4000:]  # it says which checkpoint it resumed from
+    assert logged_steps(run_dir) == [1, 2, 3, 4, 5, 6]
+    tracking, finished = _mlflow_run("stopped-on-ray")
+    assert finished.info.run_id == killed.info.run_id and finished.info.status == "FINISHED"
+    assert [m.step for m in tracking.get_metric_history(finished.info.run_id, "train/loss")] == [1, 2, 3, 4, 5, 6]
+
+
+def _sweep(address: str, sweep_dir: Path, seeds: str) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable, "-m", "rlexp", "-m", f"hydra.sweep.dir={sweep_dir}", *QUICK, "cluster=ray_cpu",
+        f"cluster.ray.address={address}", "cluster.ray.max_concurrent_jobs=1", "total_steps=1", "eval_interval=1",
+        "ckpt_interval=1", f"seed={seeds}",
+    ]
+    return subprocess.run(command, cwd=REPO, env=own_env(), capture_output=True, text=True, timeout=900)
+
+
+def test_a_multirun_on_ray_runs_one_job_at_a_time_under_the_cap_and_a_rerun_submits_only_unfinished_jobs(
+    ray_head, tmp_path
+):
+    from ray.job_submission import JobSubmissionClient
+
+    sweep_dir = tmp_path / "sweep"
+    first = _sweep(ray_head, sweep_dir, "0,1")
+    out = first.stdout + first.stderr
+    assert first.returncode == 0, out[-4000:]
+    assert "cluster.ray.max_concurrent_jobs=1); waiting" in out, out[-3000:]
+    client = JobSubmissionClient(ray_head)
+
+    def sweep_jobs():
+        jobs = [j for j in client.list_jobs() if (j.metadata or {}).get("rlexp_sweep") == str(sweep_dir)]
+        return sorted(jobs, key=lambda j: j.start_time)
+
+    jobs = sweep_jobs()
+    assert [j.metadata["rlexp_run_dir"] for j in jobs] == [str(sweep_dir / "0"), str(sweep_dir / "1")]
+    assert all(str(j.status.value) == "SUCCEEDED" for j in jobs)
+    assert jobs[1].start_time >= jobs[0].end_time  # the cap: the second started after the first ended
+    for job_dir in ("0", "1"):
+        assert logged_steps(sweep_dir / job_dir) == [1]
+
+    # the sweep again with one more seed: the two finished jobs are skipped, only the new one runs
+    second = _sweep(ray_head, sweep_dir, "0,1,2")
+    out = second.stdout + second.stderr
+    assert second.returncode == 0, out[-4000:]
+    assert out.count("with this config; skipped") == 2, out[-3000:]
+    jobs = sweep_jobs()
+    assert [j.metadata["rlexp_run_dir"] for j in jobs] == [str(sweep_dir / n) for n in ("0", "1", "2")]
+    assert str(jobs[2].status.value) == "SUCCEEDED" and logged_steps(sweep_dir / "2") == [1]
