@@ -1,8 +1,9 @@
 """``cluster.launcher=ray`` against a real Ray cluster: a head started by this module on 127.0.0.1, the tiny
 run submitted through Ray's Job Submission API with two CPU workers (the gloo FSDP2 path), its run dir,
 eval and MLflow entries read back, and a resubmission of the finished config skipped; a job stopped with
-``ray job stop`` mid-run leaves a checkpoint and a KILLED run that the same command resumes; a multirun
-of jobs under a cap of one at a time, re-run with one more job, submits only the new one."""
+``ray job stop`` mid-run leaves a checkpoint and a KILLED run that the same command resumes (its training
+metrics on the head's Prometheus endpoint while it runs); a multirun of jobs under a cap of one at a time
+lands each in MLflow, and re-run with one more job it submits only the new one."""
 
 import json
 import os
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -28,18 +30,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class RayHead(str):
+    """The Job Submission API's address, with the head's Prometheus endpoint as ``metrics``."""
+
+    def __new__(cls, address: str, metrics: str):
+        head = super().__new__(cls, address)
+        head.metrics = metrics
+        return head
+
+
 @pytest.fixture(scope="module")
 def ray_head():
     """``ray start --head`` with 2 CPUs; its dashboard (the Job Submission API) on 127.0.0.1 only.
     Ray's GCS and raylet bind the node's address whatever ``--node-ip-address`` says; the test submits
-    through 127.0.0.1 and stops the head after the module."""
+    through 127.0.0.1 and stops the head after the module. The head's Prometheus endpoint (its metrics
+    export port) is ``ray_head.metrics``."""
     ray_bin = shutil.which("ray") or str(Path(sys.executable).parent / "ray")
     temp_dir = Path("/tmp") / f"rlexp-ray-{os.getpid()}"  # Ray's socket paths must stay short
-    dashboard_port = _free_port()
+    dashboard_port, metrics_port = _free_port(), _free_port()
     start = [
         ray_bin, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={_free_port()}", "--num-cpus=2",
         "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
-        f"--temp-dir={temp_dir}", "--disable-usage-stats",
+        f"--metrics-export-port={metrics_port}", f"--temp-dir={temp_dir}", "--disable-usage-stats",
     ]
     subprocess.run(start, check=True, capture_output=True, env=own_env(), timeout=180)
     address = f"http://127.0.0.1:{dashboard_port}"
@@ -54,7 +66,7 @@ def ray_head():
             if time.time() > deadline:
                 raise
             time.sleep(1)
-    yield address
+    yield RayHead(address, f"http://127.0.0.1:{metrics_port}/metrics")
     subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120)
     shutil.rmtree(temp_dir, ignore_errors=True)
 
@@ -91,7 +103,7 @@ def test_a_tiny_run_on_two_ray_workers_lands_its_run_dir_eval_and_mlflow_run_the
     # the job's runtime env: the working dir and the named variables, never the submitter's secrets
     client = JobSubmissionClient(ray_head)
     job = next(j for j in client.list_jobs() if (j.metadata or {}).get("rlexp_run_dir") == str(run_dir))
-    assert str(job.status.value if hasattr(job.status, "value") else job.status) == "SUCCEEDED"
+    assert _state(job.status) == "SUCCEEDED"
     env_vars = job.runtime_env["env_vars"]
     assert env_vars["RLEXP_TEST_VAR"] == "travels"
     assert "WANDB_API_KEY" not in env_vars and "pip" not in job.runtime_env
@@ -111,6 +123,10 @@ def test_a_tiny_run_on_two_ray_workers_lands_its_run_dir_eval_and_mlflow_run_the
     assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
     assert "with this config; skipped" in second.stdout
     assert sum((j.metadata or {}).get("rlexp_run_dir") == str(run_dir) for j in client.list_jobs()) == 1
+
+
+def _state(status) -> str:
+    return str(getattr(status, "value", status))
 
 
 def _job_id(output: str) -> str:
@@ -133,7 +149,7 @@ def test_ray_job_stop_mid_run_leaves_a_checkpoint_and_a_killed_run_that_the_same
 
     run_dir = tmp_path / "stopped-on-ray"
     # no periodic checkpoint before the end: one found after the stop is the one the SIGTERM wrote
-    overrides = ["total_steps=6", "eval_interval=6", "ckpt_interval=100"]
+    overrides = ["total_steps=12", "eval_interval=12", "ckpt_interval=100"]
     first = _submit(ray_head, run_dir, own_env(), *overrides, "cluster.ray.follow=false")
     assert first.returncode == 0, (first.stdout + first.stderr)[-4000:]
     job_id = _job_id(first.stdout)
@@ -141,20 +157,29 @@ def test_ray_job_stop_mid_run_leaves_a_checkpoint_and_a_killed_run_that_the_same
     client = JobSubmissionClient(ray_head)
     deadline = time.time() + 300
     while not ((run_dir / "metrics.jsonl").is_file() and logged_steps(run_dir)):
-        status = str(client.get_job_status(job_id))
-        assert "SUCCEEDED" not in status and "FAILED" not in status, client.get_job_logs(job_id)[-3000:]
+        assert _state(client.get_job_status(job_id)) in ("PENDING", "RUNNING"), client.get_job_logs(job_id)[-3000:]
         assert time.time() < deadline, "the job logged no step within 300 s"
         time.sleep(0.2)
+
+    # while it runs, rank 0's training metrics are on the head's Prometheus endpoint (Ray exports every few s)
+    gauges: dict[str, float] = {}
+    while not {"ray_rlexp_step", "ray_rlexp_rollout_success_rate", "ray_rlexp_timing_generate_s"} <= gauges.keys():
+        assert _state(client.get_job_status(job_id)) == "RUNNING", "the job ended before its metrics were exported"
+        assert time.time() < deadline, f"no rlexp metrics on {ray_head.metrics} within 300 s: {sorted(gauges)}"
+        time.sleep(1)
+        text = urllib.request.urlopen(ray_head.metrics, timeout=10).read().decode()
+        gauges = {m[1]: float(m[2]) for m in re.finditer(r'^(ray_rlexp_\w+)\{[^}]*run="stopped-on-ray"[^}]*\} (\S+)', text, re.M)}
+    assert gauges["ray_rlexp_step"] >= 1 and 0 <= gauges["ray_rlexp_rollout_success_rate"] <= 1
     ray_bin = shutil.which("ray") or str(Path(sys.executable).parent / "ray")
     stop = subprocess.run([ray_bin, "job", "stop", job_id, "--address", ray_head], capture_output=True, text=True,
                           env=own_env(), timeout=240)
     assert stop.returncode == 0, stop.stdout + stop.stderr
     logs = client.get_job_logs(job_id)
-    assert str(getattr(client.get_job_status(job_id), "value", "")) == "STOPPED", logs[-3000:]
+    assert _state(client.get_job_status(job_id)) == "STOPPED", logs[-3000:]
 
     # what the SIGTERM left: a whole checkpoint of the steps done, the run KILLED here and in MLflow
     done = logged_steps(run_dir)
-    assert 1 <= len(done) < 6 and done == list(range(1, len(done) + 1)), (done, logs[-3000:])
+    assert 1 <= len(done) < 12 and done == list(range(1, len(done) + 1)), (done, logs[-3000:])
     checkpoints = sorted((run_dir / "checkpoints").glob("global_step_*"))
     assert [c.name for c in checkpoints] == [f"global_step_{done[-1]}"], logs[-3000:]
     assert (checkpoints[0] / "manifest.json").is_file()
@@ -167,10 +192,10 @@ def test_ray_job_stop_mid_run_leaves_a_checkpoint_and_a_killed_run_that_the_same
     out = second.stdout + second.stderr
     assert second.returncode == 0, out[-4000:]
     assert f"global_step_{done[-1]}" in out, out[-4000:]  # it says which checkpoint it resumed from
-    assert logged_steps(run_dir) == [1, 2, 3, 4, 5, 6]
+    assert logged_steps(run_dir) == list(range(1, 13))
     tracking, finished = _mlflow_run("stopped-on-ray")
     assert finished.info.run_id == killed.info.run_id and finished.info.status == "FINISHED"
-    assert [m.step for m in tracking.get_metric_history(finished.info.run_id, "train/loss")] == [1, 2, 3, 4, 5, 6]
+    assert [m.step for m in tracking.get_metric_history(finished.info.run_id, "train/loss")] == list(range(1, 13))
 
 
 def _sweep(address: str, sweep_dir: Path, seeds: str) -> subprocess.CompletedProcess:
@@ -200,7 +225,7 @@ def test_a_multirun_on_ray_runs_one_job_at_a_time_under_the_cap_and_a_rerun_subm
 
     jobs = sweep_jobs()
     assert [j.metadata["rlexp_run_dir"] for j in jobs] == [str(sweep_dir / "0"), str(sweep_dir / "1")]
-    assert all(str(j.status.value) == "SUCCEEDED" for j in jobs)
+    assert all(_state(j.status) == "SUCCEEDED" for j in jobs)
     assert jobs[1].start_time >= jobs[0].end_time  # the cap: the second started after the first ended
     for job_dir in ("0", "1"):
         assert logged_steps(sweep_dir / job_dir) == [1]
@@ -212,4 +237,9 @@ def test_a_multirun_on_ray_runs_one_job_at_a_time_under_the_cap_and_a_rerun_subm
     assert out.count("with this config; skipped") == 2, out[-3000:]
     jobs = sweep_jobs()
     assert [j.metadata["rlexp_run_dir"] for j in jobs] == [str(sweep_dir / n) for n in ("0", "1", "2")]
-    assert str(jobs[2].status.value) == "SUCCEEDED" and logged_steps(sweep_dir / "2") == [1]
+    assert _state(jobs[2].status) == "SUCCEEDED" and logged_steps(sweep_dir / "2") == [1]
+    # every job in MLflow, named <sweep dir name>/<job number>, finished, its step logged once
+    for job_dir in ("0", "1", "2"):
+        tracking, run = _mlflow_run(f"sweep/{job_dir}")
+        assert run.info.status == "FINISHED"
+        assert [m.step for m in tracking.get_metric_history(run.info.run_id, "train/loss")] == [1]
