@@ -391,8 +391,8 @@ class Campaign:
         "missing optimizer state": lambda c: (c / "trainer_state.pt").unlink(),
     }
     EXPECTED_PROBLEM = {
-        "truncated safetensors": "adapter_model.safetensors (LoRA weights) does not match its checksum",
-        "one flipped byte": "adapter_model.safetensors (LoRA weights) does not match its checksum",
+        "truncated safetensors": "policy/adapter_model.safetensors (LoRA weights) does not match its checksum",
+        "one flipped byte": "policy/adapter_model.safetensors (LoRA weights) does not match its checksum",
         "missing manifest": "no manifest",
         "garbled manifest": "manifest is not valid JSON",
         "missing optimizer state": "missing trainer_state.pt (optimizer, scheduler and RNG state)",
