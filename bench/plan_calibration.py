@@ -47,7 +47,7 @@ def planned(path: str, micro: int, checkpointing: bool, sequences: int = 1) -> R
         model_path=path, dtype="bfloat16", checkpointing=checkpointing, lora_rank=32, lora_targets="all-linear-language",
         micro_batch=micro, train_batch=sequences, group_size=1, eval_sequences=0, prompt_tokens=0, turns=1,
         context_turns=1, window_extra=1, turn_text_tokens=0, reply_tokens=0, image_side_px=0, engine="hf",
-        gpu_memory_utilization=0.0, sleep_level=0, cluster="bench", nodes=1, gpus_per_node=1, gpu_memory_gb=1e6,
+        gpu_memory_utilization=0.0, sleep_level="0", cluster="bench", nodes=1, gpus_per_node=1, gpu_memory_gb=1e6,
         cpu_memory_gb=1e6,
     )
 

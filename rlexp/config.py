@@ -194,11 +194,13 @@ class AlgorithmConfig:
 HF_ENGINE, VLLM_ENGINE = "rlexp.rollout.hf_engine.HFEngine", "rlexp.rollout.vllm_engine.VLLMEngine"
 ENGINE_OPTIONS = {
     HF_ENGINE: ("static_cache",),
-    VLLM_ENGINE: ("gpu_memory_utilization", "sleep_level", "max_model_len", "max_images_per_prompt", "seed", "enforce_eager"),
+    VLLM_ENGINE: ("gpu_memory_utilization", "sleep_level", "max_model_len", "max_images_per_prompt", "seed", "enforce_eager", "dtype"),
 }
 #: ``rollout.engine.sleep_level``: 0 never sleeps, 1 moves the weights to host memory, 2 drops them (read
 #: again on waking); auto measures the first update and picks 0 or 1.
 SLEEP_LEVELS = ("auto", "0", "1", "2")
+#: ``rollout.engine.dtype`` (vllm): auto serves in the policy's dtype, but a float32 policy with LoRA in bfloat16.
+ENGINE_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 @dataclass
@@ -221,6 +223,8 @@ class EngineConfig:
     seed: Optional[int] = ranged(None, "[0, 2147483647]")
     #: vllm: no torch.compile or CUDA graphs: a start of seconds instead of minutes, slower decoding.
     enforce_eager: Optional[bool] = None
+    #: vllm: the dtype it serves in: auto | bfloat16 | float16 | float32 (see ENGINE_DTYPES).
+    dtype: Optional[str] = ranged(None, choices=ENGINE_DTYPES)
 
 
 @dataclass
@@ -283,7 +287,8 @@ class ClusterConfig:
     nodes: int = ranged(1, "[1, inf)")
     #: 0 with ``device=cpu``; with ``device=cuda``, more than 1 runs one process per GPU (torchrun or ray).
     gpus_per_node: int = ranged(0, "[0, inf)")
-    #: memory of each GPU (GB); the run refuses to start on a GPU with less. 0 = no GPU.
+    #: memory of each GPU (GB); the run refuses to start on a GPU with less. 0 = no GPU, or with ``device=cuda``:
+    #: whatever this machine's GPU has (nothing checked; the memory plan reads it at start).
     gpu_memory_gb: float = ranged(0.0, "[0, inf)")
     #: host memory (GB); the run refuses to start on a machine with less.
     cpu_memory_gb: float = ranged(0.0, "[0, inf)")

@@ -75,12 +75,18 @@ class RunShape:
     image_side_px: int
     engine: str
     gpu_memory_utilization: float
-    sleep_level: int
+    #: ``rollout.engine.sleep_level``: auto | 0 | 1 | 2.
+    sleep_level: str
     cluster: str
     nodes: int
     gpus_per_node: int
     gpu_memory_gb: float
     cpu_memory_gb: float
+
+    @property
+    def level_when_asleep(self) -> int:
+        """The level the engine sleeps at when it must: ``auto`` sleeps at 1 (``rlexp.rollout.vllm_engine``)."""
+        return 1 if self.sleep_level == "auto" else int(self.sleep_level)
 
     @property
     def world(self) -> int:
@@ -94,6 +100,16 @@ class RunShape:
     def rollout_sequences(self) -> int:
         """Episodes one rank plays at once: its share of the step's mazes, each ``group_size`` times."""
         return math.ceil(self.train_batch / self.world) * self.group_size
+
+
+def visible_gpu_gb(device: str) -> float:
+    """Memory of this machine's ``device`` (GB), 0 where it has none: what ``cluster.gpu_memory_gb=0`` plans with
+    on a GPU cluster."""
+    import torch
+
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return 0.0
+    return torch.cuda.get_device_properties(int(str(device).partition(":")[2] or 0)).total_memory / GB
 
 
 def run_shape(cfg, cluster_name: str = "custom") -> RunShape:
@@ -127,11 +143,11 @@ def run_shape(cfg, cluster_name: str = "custom") -> RunShape:
         image_side_px=env.size * env.cell_px,
         engine="vllm" if "vllm" in engine.lower() else "hf",
         gpu_memory_utilization=OmegaConf.select(cfg, "rollout.engine.gpu_memory_utilization", default=0.45),
-        sleep_level=OmegaConf.select(cfg, "rollout.engine.sleep_level", default=0),
+        sleep_level=str(OmegaConf.select(cfg, "rollout.engine.sleep_level", default="0")),
         cluster=cluster_name,
         nodes=cluster.nodes,
         gpus_per_node=cluster.gpus_per_node,
-        gpu_memory_gb=cluster.gpu_memory_gb,
+        gpu_memory_gb=cluster.gpu_memory_gb or (visible_gpu_gb(cluster.device) if cluster.gpus_per_node else 0.0),
         cpu_memory_gb=cluster.cpu_memory_gb,
     )
 
@@ -179,7 +195,7 @@ class MemoryPlan:
     def engine_during_training(self) -> float:
         if self.shape.engine != "vllm":
             return 0.0
-        return VLLM_ASLEEP_GB * GB if self.must_sleep and self.shape.sleep_level > 0 else self.vllm_share
+        return VLLM_ASLEEP_GB * GB if self.must_sleep and self.shape.level_when_asleep > 0 else self.vllm_share
 
     @property
     def rollout_peak(self) -> float:
@@ -205,7 +221,7 @@ class MemoryPlan:
                     f"vLLM's share ({self.vllm_share / GB:.1f} GB at gpu_memory_utilization={self.shape.gpu_memory_utilization}) "
                     "leaves no KV cache after its weights"
                 )
-            host = self.vllm_weights * self.shape.gpus_per_node if self.must_sleep and self.shape.sleep_level == 1 else 0.0
+            host = self.vllm_weights * self.shape.gpus_per_node if self.must_sleep and self.shape.level_when_asleep == 1 else 0.0
             if host > self.shape.cpu_memory_gb * GB:
                 found.append(f"sleep level 1 offloads {host / GB:.0f} GB of weights per node to {self.shape.cpu_memory_gb:.0f} GB of host memory")
         return found
@@ -290,7 +306,7 @@ def suggestions(plan: MemoryPlan) -> list[str]:
         if trial := fits(context_turns=turns):
             found.append(f"env.history_window={turns - shape.window_extra} (peak {trial.peak / GB:.1f} GB)")
             break
-    if shape.engine == "vllm" and shape.sleep_level == 0 and (trial := fits(sleep_level=1)):
+    if shape.engine == "vllm" and shape.sleep_level == "0" and (trial := fits(sleep_level="1")):
         found.append(f"rollout.engine.sleep_level=1 (peak {trial.peak / GB:.1f} GB)")
     if shape.on_gpu:
         for nodes in range(shape.nodes + 1, 33):

@@ -34,7 +34,7 @@ def render(plan: MemoryPlan, price_per_hour: float | None = None, step_time_s: f
         f"  {f'logits buffer ({LOGIT_COPIES} x tokens x {m.vocab:,} vocab)':<66}{_gb(plan.logits)}",
     ]
     if s.engine == "vllm":
-        state = f"asleep (level {s.sleep_level})" if plan.must_sleep else "awake"
+        state = f"asleep (level {s.level_when_asleep})" if plan.must_sleep else "awake"
         lines += [
             f"  {f'vLLM engine during training: {state}':<66}{_gb(plan.engine_during_training)}",
             f"  {'= training peak':<66}{_gb(plan.train_peak)}",

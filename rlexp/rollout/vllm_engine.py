@@ -35,6 +35,7 @@ import torch
 from peft import PeftModel
 from PIL import Image
 
+from rlexp.config import ENGINE_DTYPES, SLEEP_LEVELS
 from rlexp.models import never_generated_ids
 from rlexp.rollout.engine import GenerationOutput, GenerationRequest, SamplingParams, stop_token_ids
 
@@ -42,7 +43,6 @@ log = logging.getLogger(__name__)
 
 #: the LoRA ranks vLLM 0.22 can reserve (``max_lora_rank``); an adapter's rank is served by the next one up.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-SLEEP_LEVELS = ("auto", "0", "1", "2")
 #: with ``sleep_level=auto``: memory left free beside the awake engine and the trainer's peak.
 AUTO_SLEEP_MARGIN_BYTES = 2 * 2**30
 
@@ -54,6 +54,22 @@ def vllm_missing() -> str | None:
     if not torch.cuda.is_available():
         return "rollout=vllm needs a CUDA GPU and none is visible here; use rollout=hf"
     return None
+
+
+def engine_dtype(requested: str, policy_dtype: torch.dtype, lora: bool) -> str:
+    """The dtype vLLM serves in: ``auto`` is the policy's, except that a float32 policy with a LoRA adapter is
+    served in bfloat16, since vLLM 0.22's LoRA kernels (punica, Triton) take 16-bit weights only."""
+    if requested not in ENGINE_DTYPES:
+        raise ValueError(f"rollout.engine.dtype={requested}; valid: {', '.join(ENGINE_DTYPES)}")
+    policy = str(policy_dtype).removeprefix("torch.")
+    if requested == "float32" and lora:
+        raise ValueError("rollout.engine.dtype=float32 with a LoRA adapter: vLLM's LoRA kernels take bfloat16 or float16 only")
+    if requested != "auto":
+        return requested
+    if policy == "float32" and lora:
+        log.info("vLLM serves the float32 policy in bfloat16: its LoRA kernels take 16-bit weights only")
+        return "bfloat16"
+    return policy
 
 
 def collapse_image_runs(token_ids: list[int], image_token_id: int) -> list[int]:
@@ -79,6 +95,7 @@ class VLLMEngine:
         max_images_per_prompt: int = 1,
         seed: int = 0,
         enforce_eager: bool = False,
+        dtype: str = "auto",
     ):
         reason = vllm_missing()
         if reason:
@@ -104,7 +121,7 @@ class VLLMEngine:
             lora = {"enable_lora": True, "max_lora_rank": max_rank, "max_loras": 1}
         self.llm = LLM(
             model=base.config.name_or_path,
-            dtype=str(base.dtype).removeprefix("torch."),
+            dtype=engine_dtype(str(dtype), base.dtype, self.lora_rank is not None),
             seed=seed,
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,

@@ -86,6 +86,19 @@ def test_vllm_engine_share_and_sleep():
     vllm = estimate(dataclasses.replace(plan.shape, engine="vllm", gpu_memory_utilization=0.45))
     assert vllm.vllm_share == pytest.approx(0.45 * 141 * GB)
     assert vllm.vllm_kv == pytest.approx(vllm.vllm_share - vllm.vllm_weights - 2 * GB)
-    cramped = estimate(dataclasses.replace(vllm.shape, gpu_memory_gb=48, gpus_per_node=8, cpu_memory_gb=1024, sleep_level=0))
+    cramped = estimate(dataclasses.replace(vllm.shape, gpu_memory_gb=48, gpus_per_node=8, cpu_memory_gb=1024, sleep_level="0"))
     assert cramped.must_sleep and not cramped.fits and cramped.train_peak > cramped.vllm_share
     assert any(h.startswith("rollout.engine.sleep_level=1") for h in suggestions(cramped))
+
+
+def test_the_vllm_options_auto_sleep_is_planned_as_the_engine_runs_it():
+    """``rollout=vllm`` composes ``sleep_level: auto``; where the engine must sleep, auto sleeps at level 1 (it
+    frees all but its asleep remainder), and where it need not, the engine stays awake with its whole share."""
+    overrides = ("experiment=visgym_maze_grpo", "rollout=vllm", "plan.reply_tokens=64")
+    cramped = estimate(shape_of(*overrides, "cluster=g6e_12xlarge"))
+    assert cramped.shape.sleep_level == "auto" and cramped.must_sleep and cramped.fits
+    assert cramped.engine_during_training < 0.1 * cramped.vllm_share
+    assert "vLLM engine during training: asleep (level 1)" in render(cramped)
+    roomy = estimate(shape_of(*overrides, "cluster=gpu_1x"))
+    assert not roomy.must_sleep and roomy.engine_during_training == roomy.vllm_share
+    assert check_fit(compose_config(*overrides, "cluster=g6e_12xlarge")).fits

@@ -1,7 +1,7 @@
 """One contract for every inference engine (``rollout.engine``), run on each: ``hf`` everywhere, ``vllm`` where
 vLLM and a CUDA GPU are (elsewhere its cases skip, saying why).
 
-On the tiny Qwen3-VL in float32, with LoRA: the same prompts give well-formed replies with one log-prob
+On the tiny Qwen3-VL in float32 (vLLM serves it in bfloat16: its LoRA kernels take no float32), with LoRA: the same prompts give well-formed replies with one log-prob
 per token; the log-probs are the trainer's (``rollout/logprob_gap`` at T=0.7 under a stated bound per
 engine); greedy replies equal the ``hf`` engine's, or differ first where the trainer itself sees a near
 tie; a weight sync changes the replies to the updated policy's; sleep and wake keep the weights; and the
@@ -19,23 +19,24 @@ import pytest
 import torch
 
 from conftest import REPO, compose_config
+from engine_support import assert_same_or_near_tie, next_token_logprobs
 from rlexp.envs import ExpertPolicy, load_pinned
 from rlexp.models import apply_lora, load_model_and_processor, never_generated_ids, resolve_model_path
 from rlexp.rollout.conversation import TurnFormatter, context_tokens, training_sequences
 from rlexp.rollout.driver import run_rollouts, scripted_trajectories
 from rlexp.rollout.engine import GenerationRequest, SamplingParams
 from rlexp.rollout.hf_engine import HFEngine
-from rlexp.rollout.vllm_engine import check_prompt, collapse_image_runs, vllm_missing
+from rlexp.rollout.vllm_engine import check_prompt, collapse_image_runs, engine_dtype, vllm_missing
 from rlexp.training.update import PolicyUpdate, Sample
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ENV = compose_config("name=test", "env.history_window=null").env
-#: mean |engine - trainer| log-prob over sampled tokens at T=0.7 (fp32): the hf engine runs the trainer's own
-#: forward; vLLM has its own kernels (attention, fused projections), so agreement to 1e-3 is what "the
-#: same distribution" can mean there.
-GAP_BOUND = {"hf": 1e-5, "vllm": 1e-3}
-#: greedy replies may part where the trainer's two best tokens are closer than this (kernel rounding).
-NEAR_TIE = 1e-3
+#: mean |engine - trainer| log-prob over sampled tokens at T=0.7, the trainer in float32: the hf engine runs
+#: the trainer's own forward; vLLM serves the float32 policy in bfloat16 (its LoRA kernels take 16-bit
+#: weights only: ``engine_dtype``), so its bound is bfloat16 rounding through the whole model.
+GAP_BOUND = {"hf": 1e-5, "vllm": 5e-2}
+#: greedy replies may part where the trainer's two best tokens are closer than this (vLLM's bfloat16 rounding).
+NEAR_TIE = 1e-1
 VLLM_SKIP = vllm_missing()
 ENGINES = ["hf", pytest.param("vllm", marks=pytest.mark.skipif(VLLM_SKIP is not None, reason=str(VLLM_SKIP)))]
 
@@ -139,33 +140,8 @@ def test_greedy_replies_equal_the_hf_engines_or_part_at_a_near_tie(setup):
     requests = _requests(processor)
     ours = engine.generate(requests, GREEDY)
     reference = HFEngine(model, processor).generate(requests, GREEDY)
-    same = 0
-    for request, a, b in zip(requests, ours, reference):
-        if a.token_ids == b.token_ids:
-            same += 1
-            continue
-        at = next(i for i, (x, y) in enumerate(zip(a.token_ids + [-1], b.token_ids + [-1])) if x != y)
-        # the trainer's log-probs of both candidates after the common prefix: a near tie explains the split
-        assert at < min(len(a.token_ids), len(b.token_ids)), "one reply is a prefix of the other: they stopped apart"
-        first = _next_token_logprobs(model, processor, request, b.token_ids[:at])
-        gap = abs(float(first[a.token_ids[at]] - first[b.token_ids[at]]))
-        print(f"greedy replies part at token {at}: vLLM {a.token_ids[at]}, hf {b.token_ids[at]}, trainer's log-prob gap {gap:.1e}")
-        assert gap < NEAR_TIE, f"greedy replies part at token {at} without a near tie ({gap:.1e})"
+    same = assert_same_or_near_tie(model, processor, requests, ours, reference, NEAR_TIE)
     print(f"greedy: {same}/{len(requests)} replies identical to the hf engine's")
-
-
-def _next_token_logprobs(model, processor, request: GenerationRequest, reply_prefix: list[int]) -> torch.Tensor:
-    """The trainer's log-softmax over the next token after ``prompt + reply_prefix`` (never-generated ids masked)."""
-    from rlexp.models import mm_token_type_ids
-
-    ids = torch.tensor([request.prompt_token_ids + reply_prefix], device=model.device)
-    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "mm_token_type_ids": mm_token_type_ids(ids, model.config)}
-    if request.vision is not None:
-        inputs.update(pixel_values=request.vision.pixel_values.to(model.device), image_grid_thw=request.vision.image_grid_thw.to(model.device))
-    with torch.no_grad():
-        logits = model(**inputs, use_cache=False).logits[0, -1].float()
-    logits[never_generated_ids(processor.tokenizer)] = float("-inf")
-    return torch.log_softmax(logits, -1)
 
 
 def test_a_weight_sync_serves_the_updated_policy(setup, tmp_path):
@@ -180,7 +156,7 @@ def test_a_weight_sync_serves_the_updated_policy(setup, tmp_path):
         assert [o.token_ids for o in after] != before, "the sync did not change the replies"
         # and the replies are the updated policy's: the trainer agrees with their log-probs
         for request, out in zip(requests, after):
-            trainer = [float(_next_token_logprobs(model, processor, request, out.token_ids[:i])[t]) for i, t in enumerate(out.token_ids)]
+            trainer = [float(next_token_logprobs(model, processor, request, out.token_ids[:i])[t]) for i, t in enumerate(out.token_ids)]
             torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(trainer), atol=GAP_BOUND[name] * 10, rtol=0)
         if name == "vllm":
             engine.load_weights(tmp_path / "global_step_2" / "policy")
@@ -229,6 +205,18 @@ def test_prompt_ids_collapse_to_one_pad_per_image_and_a_mismatch_is_named(tiny_p
     check_prompt(request.prompt_token_ids, list(request.prompt_token_ids))
     with pytest.raises(RuntimeError, match="first difference at position 5"):
         check_prompt(request.prompt_token_ids, request.prompt_token_ids[:5] + [pad] + request.prompt_token_ids[5:])
+
+
+def test_vllm_serves_a_float32_lora_policy_in_bfloat16_and_refuses_float32_with_lora():
+    """vLLM 0.22's LoRA kernels take 16-bit weights only (its first H200 run stopped on a float32 adapter)."""
+    assert engine_dtype("auto", torch.float32, lora=True) == "bfloat16"
+    assert engine_dtype("auto", torch.float32, lora=False) == "float32"
+    assert engine_dtype("auto", torch.bfloat16, lora=True) == "bfloat16"
+    assert engine_dtype("float16", torch.float32, lora=True) == "float16"
+    with pytest.raises(ValueError, match="dtype=float32 with a LoRA adapter"):
+        engine_dtype("float32", torch.float32, lora=True)
+    with pytest.raises(ValueError, match="valid: auto, bfloat16, float16, float32"):
+        engine_dtype("fp8", torch.float32, lora=False)
 
 
 @pytest.mark.skipif(VLLM_SKIP is not None, reason=str(VLLM_SKIP))

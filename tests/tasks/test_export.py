@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from conftest import compose_config
+from engine_support import assert_same_or_near_tie
 from rlexp.config import ConfigError, validate
 from rlexp.envs import ExpertPolicy, load_pinned
 from rlexp.models import apply_lora, load_model_and_processor, resolve_model_path
@@ -84,13 +85,15 @@ def test_export_needs_a_checkpoint():
 @pytest.mark.skipif(vllm_missing() is not None, reason=str(vllm_missing()))
 def test_vllm_serves_the_merged_model_and_the_adapter_alike(exported):
     """The merged checkpoint loaded by vLLM as a plain model, and the base with the adapter served dynamically
-    (a ``LoRARequest``), give the same greedy replies."""
+    (a ``LoRARequest``), give the same greedy replies, both in bfloat16 (vLLM's LoRA kernels take no float32),
+    or part first where the float32 merged model sees a near tie (the two paths round differently)."""
     from peft import PeftModel
 
     from rlexp.rollout.vllm_engine import VLLMEngine
 
     checkpoint, merged, adapter = exported
-    options = {"gpu_memory_utilization": 0.1, "sleep_level": "0", "max_model_len": 4096, "max_images_per_prompt": 4, "enforce_eager": True}
+    options = {"gpu_memory_utilization": 0.1, "sleep_level": "0", "max_model_len": 4096, "max_images_per_prompt": 4, "enforce_eager": True,
+               "dtype": "bfloat16"}
     model = AutoModelForImageTextToText.from_pretrained(merged)
     processor = AutoProcessor.from_pretrained(merged)
     requests = _requests(processor)
@@ -103,5 +106,6 @@ def test_vllm_serves_the_merged_model_and_the_adapter_alike(exported):
         finally:
             engine.close()
     from_merged, dynamic = replies
-    assert [o.token_ids for o in from_merged] == [o.token_ids for o in dynamic]
+    same = assert_same_or_near_tie(model, processor, requests, from_merged, dynamic, near_tie=1e-1)
+    print(f"{same}/{len(requests)} greedy replies identical from the merged model and the dynamic adapter")
 
