@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The H200 work of issues 9 and 10 as one queue that outlives a device call, for one warm lease:
+#
+#   bash bench/h200_queue.sh start           # after vLLM's install (shared/tools/vllm-offline), in the same call
+#   bash bench/h200_queue.sh wait 540 [PAT]  # each later call, back to back: wait up to 540 s (or until PAT shows
+#                                            # in the progress log), then copy the logs and figures to $OUT
+#
+# `start` runs, in order and detached (setsid), the engine contract suite with vLLM, bench/plan_calibration.py
+# and bench/vllm_rollout.py, each logging to $QUEUE (default /tmp/rlexp-h200); `progress` there says which
+# step is running and each step's exit status. Needs the hydra/omegaconf/gymnasium wheels in /tmp/site and
+# vLLM in /tmp/vllm-site, as the device README and vllm-offline's README say.
+set -u
+QUEUE=${QUEUE:-/tmp/rlexp-h200}
+cd "$(dirname "$0")/.."
+case "${1:-}" in
+  start)
+    mkdir -p "$QUEUE"
+    setsid nohup bash "$0" run > "$QUEUE/queue.out" 2>&1 < /dev/null &
+    ;;
+  run)
+    export PYTHONPATH=/tmp/vllm-site:/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+    step() {
+      local name=$1; shift
+      echo "$(date +%T) start $name" >> "$QUEUE/progress"
+      "$@" > "$QUEUE/$name.log" 2>&1
+      echo "$(date +%T) end $name rc=$?" >> "$QUEUE/progress"
+    }
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$QUEUE/gpu.txt" 2>&1
+    step contract python3 -m pytest -p no:cacheprovider -rs --tb=short -q \
+      tests/rollout/test_engine_contract.py tests/tasks/test_export.py tests/tasks/test_eval_engine.py
+    step plan python3 bench/plan_calibration.py
+    step vllmbench python3 bench/vllm_rollout.py --out "$QUEUE"
+    echo done >> "$QUEUE/progress"
+    ;;
+  wait)
+    end=$((SECONDS + ${2:-540}))
+    while [ $SECONDS -lt $end ] && ! grep -q "${3:-^done}" "$QUEUE/progress" 2>/dev/null; do sleep 5; done
+    cat "$QUEUE/progress"
+    for f in "$QUEUE"/*.log "$QUEUE"/*.json "$QUEUE/gpu.txt"; do [ -f "$f" ] && cp "$f" "${OUT:?}/"; done
+    for f in "$QUEUE"/*.log; do echo "== $f"; tail -c 2500 "$f"; done
+    ;;
+  *) echo "usage: $0 start | wait SECONDS [PATTERN]" >&2; exit 2 ;;
+esac
