@@ -26,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlexp.cluster import RAY_JOB_PAYLOAD
 from rlexp.config import COMPUTE_TASKS, VLLM_ENGINE, ConfigError, register_configs, schema_keys, schema_node, validate
-from rlexp.planning import check_fit
+from rlexp.planning import check_fit, visible_gpu_gb
 from rlexp.runtime import cluster_choice
 from rlexp.tasks import TASKS
 
@@ -192,7 +192,7 @@ def _check_cuda_device(cluster: Any) -> None:
         )
     if index >= torch.cuda.device_count():
         raise ConfigError(f"cluster.device={cluster.device} but this machine has {torch.cuda.device_count()} CUDA devices")
-    device_gb = torch.cuda.get_device_properties(index).total_memory / 1e9
+    device_gb = visible_gpu_gb(cluster.device)
     if device_gb < 0.95 * cluster.gpu_memory_gb:
         raise ConfigError(
             f"cluster.gpu_memory_gb={cluster.gpu_memory_gb} but cuda:{index} has {device_gb:.1f} GB; pick the cluster "

@@ -1,11 +1,12 @@
 """One contract for every inference engine (``rollout.engine``), run on each: ``hf`` everywhere, ``vllm`` where
 vLLM and a CUDA GPU are (elsewhere its cases skip, saying why).
 
-On the tiny Qwen3-VL in float32 (vLLM serves it in bfloat16: its LoRA kernels take no float32), with LoRA: the same prompts give well-formed replies with one log-prob
-per token; the log-probs are the trainer's (``rollout/logprob_gap`` at T=0.7 under a stated bound per
-engine); greedy replies equal the ``hf`` engine's, or differ first where the trainer itself sees a near
-tie; a weight sync changes the replies to the updated policy's; sleep and wake keep the weights; and the
-prompt ids vLLM consumes are the trainer's, images expanded alike (the engine checks this on every request).
+On the tiny Qwen3-VL in float32 (vLLM serves it in bfloat16: its LoRA kernels take no float32), with LoRA: the
+same prompts give well-formed replies with one log-prob per token; the log-probs are the trainer's
+(``rollout/logprob_gap`` at T=0.7 under a stated bound per engine); greedy replies equal the ``hf`` engine's,
+or differ first where the trainer itself sees a near tie; a weight sync changes the replies to the updated
+policy's; sleep and wake keep the weights; and the prompt ids vLLM consumes are the trainer's, images expanded
+alike (the engine checks this on every request).
 
 On the H200, with vLLM carried as the README of ``shared/tools/vllm-offline`` says:
 ``VLLM_USE_FLASHINFER_SAMPLER=0 python3 -m pytest tests/rollout/test_engine_contract.py -v``
