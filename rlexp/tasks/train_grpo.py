@@ -2,7 +2,8 @@
 
 Each step samples ``train_batch_size`` mazes from a seeded stream disjoint from the pinned set, plays
 ``n_samples_per_prompt`` episodes of each with the engine, computes group advantages, scores old
-log-probs with the trainer (and the reference's where ``kl_coef > 0``) and updates over mini-batches,
+log-probs with the trainer (and the reference's where ``kl_coef > 0``; skipped when the step is exactly
+on policy, whose update forward gives them) and updates over mini-batches,
 with a colocated engine asleep meanwhile; the loop then hands the new weights to the engine. The loss
 and its choices are in ``rlexp.algorithms.grpo``.
 """
@@ -59,9 +60,13 @@ class GRPOStep:
         t_train = 0.0
         n_samples = run.world.sum([len(samples)])[0]
         if n_samples:  # on every rank or none: scoring and the update are collectives under FSDP2
-            (gap, t_score) = timed(run.update.score, samples, self.cfg.rollout.temperature, reference=algo.kl_coef > 0)
-            metrics.update(gap)
-            update, t_train = timed(run.update.run, samples, self.loss, self.cfg.rollout.temperature)
+            reference = algo.kl_coef > 0
+            t_score = 0.0
+            on_policy = run.update.exactly_on_policy(samples, reference)
+            if not on_policy:  # else the update's own forward gives the old log-probs (and the gap)
+                (gap, t_score) = timed(run.update.score, samples, self.cfg.rollout.temperature, reference=reference)
+                metrics.update(gap)
+            update, t_train = timed(run.update.run, samples, self.loss, self.cfg.rollout.temperature, measure_gap=on_policy)
             metrics.update(update)
             metrics["timing/score_s"] = t_score
         _, t_wake = timed(run.engine.wake_up)
@@ -81,7 +86,10 @@ class GRPOStep:
         algo = self.algo
         device = logprobs.device
         width = logprobs.shape[1]
-        old = _pad_rows([s.old_logprobs for s in micro.samples], width).to(device)
+        if micro.samples[0].old_logprobs is None:  # exactly on policy (PolicyUpdate.exactly_on_policy)
+            old = logprobs.detach()
+        else:
+            old = _pad_rows([s.old_logprobs for s in micro.samples], width).to(device)
         refs = None
         if micro.samples[0].ref_logprobs is not None:
             refs = _pad_rows([s.ref_logprobs for s in micro.samples], width).to(device)

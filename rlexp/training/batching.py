@@ -7,6 +7,9 @@ from rlexp.models import mm_token_type_ids
 from rlexp.rollout.conversation import Sequence
 from rlexp.rollout.engine import VisionInputs
 
+#: scored positions whose fp32 log-softmax is taken at a time (about 3 x 0.6 GB at V = 152k).
+LOGPROB_CHUNK = 1024
+
 
 def collate(sequences: list[Sequence], pad_id: int, model_config, device: torch.device) -> dict[str, torch.Tensor]:
     """Right-padded model inputs plus the next-token ``loss_mask`` ([B, T-1])."""
@@ -35,16 +38,37 @@ def collate(sequences: list[Sequence], pad_id: int, model_config, device: torch.
 def token_logprobs(
     model, batch: dict[str, torch.Tensor], temperature: float, suppressed_ids: list[int] = ()
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs of each next token under softmax(logits / T), and the entropy there; [B, T-1] each.
+    """Log-probs of each next token under softmax(logits / T), and the entropy there; [B, T-1] each,
+    taken at the ``loss_mask`` positions only (0 elsewhere).
 
     Scored at the temperature the engine sampled with, over the vocabulary it sampled from (the
-    ``suppressed_ids`` it never emits are masked here too), so that the ratio starts at exactly 1; the
-    vocabulary-wide log-softmax is taken chunk by chunk, never for the whole batch at once.
+    ``suppressed_ids`` it never emits are masked here too), so that the ratio starts at exactly 1.
+
+    The vocabulary is projected only where the loss reads it: a pre-hook on the output embedding
+    hands it the final hidden states of the masked positions instead of all of them, so the model
+    returns ``[1, N, V]`` logits for the N scored tokens, never ``[B, T, V]``; the head still runs in
+    its own call (where FSDP2 has its weight gathered). The log-softmax is then taken chunk by chunk
+    in fp32 (``selective_log_softmax``).
     """
     inputs = {k: v for k, v in batch.items() if k != "loss_mask"}
-    logits = model(**inputs, use_cache=False).logits[:, :-1]
+    mask = batch["loss_mask"].bool()
+    # hidden state t predicts token t + 1: pad the next-token mask to the input's length
+    at = torch.cat([mask, torch.zeros_like(mask[:, :1])], dim=1)
+
+    def masked_positions(_module, args):
+        return (args[0][at].unsqueeze(0),)
+
+    handle = model.get_output_embeddings().register_forward_pre_hook(masked_positions)
+    try:
+        logits = model(**inputs, use_cache=False).logits
+    finally:
+        handle.remove()
     if suppressed_ids:
         index = torch.tensor(list(suppressed_ids), device=logits.device)
         logits = logits.index_fill(-1, index, float("-inf"))
-    labels = batch["input_ids"][:, 1:]
-    return selective_log_softmax(logits, labels, chunk_size=1024, temperature=temperature if temperature > 0 else 1.0)
+    labels = batch["input_ids"][:, 1:][mask].unsqueeze(0)
+    logp, entropy = selective_log_softmax(
+        logits, labels, chunk_size=LOGPROB_CHUNK, temperature=temperature if temperature > 0 else 1.0
+    )
+    zeros = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    return zeros.masked_scatter(mask, logp[0]), zeros.masked_scatter(mask, entropy[0])

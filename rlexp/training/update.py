@@ -136,6 +136,12 @@ class PolicyUpdate:
 
     # -- scoring ------------------------------------------------------------------------------------
 
+    def exactly_on_policy(self, samples: list[Sample], reference: bool) -> bool:
+        """Whether the step is one optimizer step on the policy that sampled (one mini-batch, one epoch)
+        with no reference: then the old log-probs are the update's own, detached (the ratio is 1 by
+        definition), and ``score`` need not run its forward pass; ``run`` reports the gap instead."""
+        return not reference and self.algo.epochs_per_step == 1 and len(self.mini_batches(samples)) == 1
+
     @torch.no_grad()
     def score(self, samples: list[Sample], temperature: float, reference: bool) -> dict[str, float]:
         """Old log-probs from the trainer itself (ratio exactly 1 on the first mini-batch), the
@@ -157,10 +163,9 @@ class PolicyUpdate:
                     n = len(sample.sequence.token_ids) - 1
                     sample.old_logprobs = old[row, :n].cpu()
                     sample.ref_logprobs = None if ref is None else ref[row, :n].cpu()
-                    mask = torch.tensor(sample.sequence.loss_mask[1:], dtype=torch.bool)
-                    engine = torch.tensor(sample.sequence.engine_logprobs[1:], dtype=torch.float32)
-                    gap_sum += float((engine - sample.old_logprobs)[mask].abs().sum())
-                    gap_count += int(mask.sum())
+                total, count = engine_gap(micro, old)
+                gap_sum += total
+                gap_count += count
         finally:
             self.model.train(was_training)
         gap_sum, gap_count = self.world.sum([gap_sum, gap_count])
@@ -168,18 +173,20 @@ class PolicyUpdate:
 
     # -- the update ---------------------------------------------------------------------------------
 
-    def run(self, samples: list[Sample], loss_fn: LossFn, temperature: float) -> dict[str, float]:
-        """``epochs_per_step`` passes over the mini-batches, one optimizer step each."""
+    def run(self, samples: list[Sample], loss_fn: LossFn, temperature: float, measure_gap: bool = False) -> dict[str, float]:
+        """``epochs_per_step`` passes over the mini-batches, one optimizer step each; ``measure_gap``: report
+        ``rollout/logprob_gap`` from the update's own forward (for an exactly on-policy step, unscored)."""
         mini_batches = self.mini_batches(samples)
         sums: dict[str, float] = {}
         token_sums: dict[str, float] = {}
         tokens = 0
         ratio_max = 0.0
         steps = 0
+        gap = [0.0, 0] if measure_gap else None
         self.model.train()
         for _ in range(self.algo.epochs_per_step):
             for mini_batch in tqdm(mini_batches, desc="update", unit="mini-batch", leave=False):
-                stats, token_stats, n, r_max = self._optimizer_step(mini_batch, loss_fn, temperature)
+                stats, token_stats, n, r_max = self._optimizer_step(mini_batch, loss_fn, temperature, gap)
                 for key, value in stats.items():
                     sums[key] = sums.get(key, 0.0) + value
                 for key, value in token_stats.items():
@@ -191,11 +198,14 @@ class PolicyUpdate:
         metrics.update({f"train/{key}": value / max(tokens, 1) for key, value in token_sums.items()})
         if "train/ratio_mean" in metrics:
             metrics["train/ratio_max"] = ratio_max
+        if gap is not None:
+            gap_sum, gap_count = self.world.sum(gap)
+            metrics["rollout/logprob_gap"] = gap_sum / max(gap_count, 1)
         metrics["train/tokens"] = float(tokens)
         metrics["train/optimizer_steps"] = float(steps)
         return metrics
 
-    def _optimizer_step(self, mini_batch: list[Sample], loss_fn: LossFn, temperature: float):
+    def _optimizer_step(self, mini_batch: list[Sample], loss_fn: LossFn, temperature: float, gap: list | None):
         micro_batches = self.aligned_micro_batches(mini_batch)
         tokens, trajectories = self.world.sum([
             sum(loss_normalizer(m.batch["loss_mask"], "token_mean") for m, real in micro_batches if real),
@@ -225,6 +235,10 @@ class PolicyUpdate:
                 continue
             # FSDP averages gradients over the ranks; the loss is a share of the global one, so sum them
             (loss * self.world.size).backward()
+            if gap is not None:
+                total, count = engine_gap(micro, logprobs)
+                gap[0] += total
+                gap[1] += count
             mask = micro.batch["loss_mask"].bool()
             n = int(mask.sum())
             tokens += n
@@ -257,3 +271,14 @@ class PolicyUpdate:
         sums["grad_norm"] = float(grad_norm)
         sums["lr"] = lr
         return sums, token_sums, tokens, ratio_max
+
+
+def engine_gap(micro: MicroBatch, logprobs: torch.Tensor) -> tuple[float, int]:
+    """Sum and count of |engine − trainer| log-prob over the micro-batch's sampled (loss-masked) tokens."""
+    mask = micro.batch["loss_mask"].bool()
+    engine = torch.zeros(mask.shape, dtype=torch.float32)
+    for row, sample in enumerate(micro.samples):
+        recorded = sample.sequence.engine_logprobs[1:]
+        engine[row, : len(recorded)] = torch.tensor(recorded, dtype=torch.float32)
+    delta = engine.to(logprobs.device) - logprobs.detach().float()
+    return float(delta[mask].abs().sum()), int(mask.sum())

@@ -102,13 +102,16 @@ def test_collate_and_token_logprobs_line_up_with_the_next_token(tiny_policy):
     long = Sequence([9, 10, 11, 12, 13, 14], [0, 1, 1, 0, 1, 1], [0.0] * 6, None)
     batch = collate([short, long], processor.tokenizer.pad_token_id, model.config, torch.device("cpu"))
     assert batch["loss_mask"].tolist() == [[0, 1, 1, 0, 0], [1, 1, 0, 1, 1]]
+    mask = batch["loss_mask"].bool()
     with torch.no_grad():
         logprobs, _ = token_logprobs(model, batch, temperature=0.7)
+        assert (logprobs[~mask] == 0).all()  # scored where the loss reads only
         for row, sequence in enumerate([short, long]):
             ids = torch.tensor([sequence.token_ids])
             logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float() / 0.7
             expected = torch.log_softmax(logits, -1)[torch.arange(len(ids[0]) - 1), ids[0, 1:]]
-            torch.testing.assert_close(logprobs[row, : len(ids[0]) - 1], expected, atol=1e-5, rtol=0)
+            scored = mask[row, : len(ids[0]) - 1]
+            torch.testing.assert_close(logprobs[row, : len(ids[0]) - 1][scored], expected[scored], atol=1e-5, rtol=0)
 
 
 def test_driver_gives_the_engine_the_contexts_the_trainer_scores(tiny_processor):

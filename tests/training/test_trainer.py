@@ -10,7 +10,7 @@ from rlexp.tracking import Trackers
 from rlexp.training import update as update_module
 from rlexp.training.checkpoint import latest_valid_checkpoint, verify_checkpoint
 from rlexp.training.loop import TrainingRun
-from rlexp.training.update import TrainingDivergedError
+from rlexp.training.update import PolicyUpdate, TrainingDivergedError
 
 QUICK = ("name=test", "eval.num_mazes=2", "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=6")
 
@@ -55,11 +55,39 @@ def test_update_changes_only_lora_weights_and_logs_the_step(tmp_path):
         assert key in metrics
 
 
-def test_ratio_is_exactly_one_on_the_first_mini_batch(tmp_path):
+def test_ratio_is_exactly_one_on_the_first_mini_batch(tmp_path, monkeypatch):
+    """score()'s recomputed old log-probs are the update's own (forced: this step could skip it)."""
+    monkeypatch.setattr(PolicyUpdate, "exactly_on_policy", lambda *_: False)
     trainer = _trainer(tmp_path, "algorithm.train_batch_size=2", "algorithm.policy_mini_batch_size=2")
     metrics = trainer.train_step()
     assert metrics["train/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     assert metrics["train/clip_frac"] == 0.0
+
+
+def test_an_exactly_on_policy_step_skips_the_scoring_pass_and_takes_the_same_step(tmp_path, monkeypatch):
+    """One mini-batch, one epoch, no KL: the update's forward gives the old log-probs; the weights it
+    reaches equal those of the step that scores them in a pass of its own."""
+    overrides = ("algorithm.train_batch_size=2", "algorithm.policy_mini_batch_size=2", "algorithm.lr=0.05",
+                 "rollout.max_turns=3", "rollout.max_new_tokens_per_turn=12")
+    runs = {}
+    for skip in (True, False):
+        if not skip:
+            monkeypatch.setattr(PolicyUpdate, "exactly_on_policy", lambda *_: False)
+        trainer = _trainer(tmp_path / f"skip{skip}", *overrides)
+        steps = []
+        for _ in range(3):
+            steps.append(trainer.train_step())
+            trainer.run.step += 1
+        runs[skip] = steps, _lora_weights(trainer)
+    (fast, fast_weights), (slow, slow_weights) = runs[True], runs[False]
+    assert any(m["train/grad_norm"] > 0 for m in fast), "no step had a learning signal"
+    for f, s in zip(fast, slow):
+        assert f["timing/score_s"] == 0.0 and s["timing/score_s"] > 0.0
+        assert f["rollout/logprob_gap"] < 1e-5 and s["rollout/logprob_gap"] < 1e-5
+        assert f["train/ratio_mean"] == 1.0
+        assert f["train/grad_norm"] == pytest.approx(s["train/grad_norm"], rel=1e-4, abs=1e-7)
+    for name, weight in fast_weights.items():
+        torch.testing.assert_close(weight, slow_weights[name], atol=1e-6, rtol=0)
 
 
 def test_non_finite_loss_stops_with_clear_error_and_keeps_checkpoint(tmp_path, monkeypatch):
