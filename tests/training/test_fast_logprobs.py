@@ -2,10 +2,15 @@
 backward) equal the plain computation -- full ``model(...).logits``, masked, log-softmax at the
 engine's temperature -- in value and in the gradient they give the LoRA weights (fp32, CPU)."""
 
+import json
+import os
+import subprocess
+import sys
+
 import torch
 from omegaconf import OmegaConf
 
-from conftest import compose_config
+from conftest import REPO, compose_config
 from rlexp.envs import load_pinned
 from rlexp.models import apply_lora, load_model_and_processor, never_generated_ids, resolve_model_path
 from rlexp.rollout.conversation import TurnFormatter, training_sequences
@@ -70,3 +75,18 @@ def test_fast_logprobs_and_their_gradients_equal_the_plain_full_vocabulary_compu
     assert plain_grads.keys() == fast_grads.keys() and all(g.abs().sum() > 0 for g in plain_grads.values())
     for name, grad in plain_grads.items():
         torch.testing.assert_close(fast_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_the_update_benchmark_runs_at_the_tiny_size_and_its_log_probs_match(tmp_path):
+    """``bench/update_step.py --size tiny``: on CPU a check of the numerics (speed is measured on the GPU)."""
+    result = subprocess.run(
+        [sys.executable, "bench/update_step.py", "--size", "tiny", "--sequences", "4", "--steps", "1", "--out", str(tmp_path)],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "update_step.json").read_text())
+    assert report["scored_tokens"] == 4 * 3 * 64  # every reply token of 3 turns, and nothing else
+    assert report["logprob_max_abs_diff"] < 1e-5
+    assert set(report["variants"]) == {"plain", "rlexp_scored", "rlexp_on_policy"}
+    assert all(v["step_s"] > 0 and v["tokens_per_s"] > 0 for v in report["variants"].values())
+    assert "rlexp_on_policy" in result.stdout and "x plain" in result.stdout
