@@ -8,7 +8,7 @@ activation checkpointing on), at ``--size 8b`` the Qwen3-VL-8B-shaped model with
 ``bench/vllm_rollout.py`` (LoRA r32), at ``--size tiny`` the tiny test model in fp32. The work is the
 issue's: ``--sequences`` full-history conversations of ``--turns`` maze turns, each reply ``--reply`` tokens
 (random ids ending in EOS; the images are real maze frames), with ±1 advantages, one optimizer step over
-all of them in micro-batches of ``--micro``.
+all of them in micro-batches of ``--micro`` (sorted by length: ``PolicyUpdate.micro_batches``).
 
 Variants, each timed over ``--steps`` steps after one warm-up, with its peak GPU memory:
 
@@ -61,8 +61,9 @@ def compose(size: str, model_dir: Path | None, turns: int, reply: int, sequences
         return hydra_compose("config", overrides=overrides)
 
 
-def work(run, turns: int, reply: int, sequences: int, seed: int = 0):
-    """Samples of the issue's shape: real maze frames and prompts, random ``reply``-token replies."""
+def work(run, turns: int, reply: int, sequences: int, reply_min: int | None = None, seed: int = 0):
+    """Samples of the issue's shape: real maze frames and prompts, random replies of ``reply`` tokens
+    (of ``reply_min`` to ``reply`` where given, as sampled replies that stop at EOS are)."""
     from rlexp.envs import ExpertPolicy, load_pinned
     from rlexp.rollout.conversation import training_sequences
     from rlexp.rollout.driver import scripted_trajectories
@@ -78,13 +79,21 @@ def work(run, turns: int, reply: int, sequences: int, seed: int = 0):
     samples = []
     for index, trajectory in enumerate(trajectories):
         for turn in trajectory.turns:
-            picks = torch.randint(len(vocab), (reply - 1,), generator=generator).tolist()
+            length = reply if reply_min is None else int(torch.randint(reply_min, reply + 1, (1,), generator=generator))
+            picks = torch.randint(len(vocab), (length - 1,), generator=generator).tolist()
             turn.response_ids = [vocab[p] for p in picks] + [eos]
-            turn.logprobs = [0.0] * reply
+            turn.logprobs = [0.0] * length
             turn.encoded.clear()
         (sequence,) = training_sequences(run.formatter, trajectory, None)
         samples.append(Sample(sequence, 1.0 if index % 2 else -1.0, group=0, trajectory=index))
     return samples
+
+
+def padding_share(lengths: list[int], micro: int) -> float:
+    """The share of padding in right-padded micro-batches of ``micro`` sequences taken in this order."""
+    chunks = [lengths[i : i + micro] for i in range(0, len(lengths), micro)]
+    padded = sum(max(c) * len(c) for c in chunks)
+    return 1 - sum(lengths) / padded
 
 
 def plain_logprobs(model, batch, temperature: float):
@@ -138,6 +147,7 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=16)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--reply", type=int, default=64)
+    parser.add_argument("--reply-min", type=int, default=None, help="vary reply lengths from this to --reply")
     parser.add_argument("--micro", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--peak-tflops", type=float, default=790.0)
@@ -161,7 +171,7 @@ def main() -> None:
     device = run.update.device
     machine = torch.cuda.get_device_name(0) if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)"
     print(f"machine: {machine}, torch {torch.__version__}; model {args.size}, dtype {cfg.model.dtype}")
-    samples = work(run, args.turns, args.reply, args.sequences)
+    samples = work(run, args.turns, args.reply, args.sequences, args.reply_min)
     recipe = GRPOStep(run)
     temperature = cfg.rollout.temperature
     micro_batches = run.update.micro_batches(samples)
@@ -170,8 +180,10 @@ def main() -> None:
     padding = 1 - tokens / sum(m.numel() for m in masks)
     scored = sum(int(m.batch["loss_mask"].sum()) for m in micro_batches)
     lengths = [len(s.sequence.token_ids) for s in samples]
+    unsorted_padding = padding_share(lengths, args.micro)
     print(f"work: {len(samples)} sequences, {min(lengths)}-{max(lengths)} tokens ({tokens} in all), "
-          f"{scored} scored (loss-masked), padding {padding:.1%} of the micro-batches")
+          f"{scored} scored (loss-masked); padding {padding:.1%} of the micro-batches "
+          f"({unsorted_padding:.1%} in rollout order, unsorted)")
 
     run.model.eval()
     with torch.no_grad():
@@ -212,7 +224,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     report = {
         "machine": machine, "torch": torch.__version__, "size": args.size, "params": params, "sequences": len(samples),
-        "tokens": tokens, "scored_tokens": scored, "padding_share": padding, "micro_batch_size": args.micro,
+        "tokens": tokens, "scored_tokens": scored, "padding_share": padding,
+        "padding_share_unsorted": unsorted_padding, "micro_batch_size": args.micro,
         "logprob_max_abs_diff": float(gap.max()), "logprob_mean_abs_diff": float(gap.mean()), "variants": results,
     }
     (args.out / "update_step.json").write_text(json.dumps(report, indent=2))

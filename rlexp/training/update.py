@@ -101,13 +101,16 @@ class PolicyUpdate:
         return [by_chunk.get(k, []) for k in range(chunks) if counts[k]]
 
     def micro_batches(self, samples: list[Sample]) -> list[MicroBatch]:
+        """Micro-batches of sequences of similar length (sorted first), so that little of each is padding;
+        the loss is a sum over micro-batches with mini-batch-wide normalizers, so the order changes nothing."""
         tokens_of: dict[int, int] = {}
         for s in samples:
             tokens_of[s.trajectory] = tokens_of.get(s.trajectory, 0) + sum(s.sequence.loss_mask)
         size = self.algo.micro_batch_size
+        by_length = sorted(samples, key=lambda s: len(s.sequence.token_ids))
         out = []
-        for i in range(0, len(samples), size):
-            micro = samples[i : i + size]
+        for i in range(0, len(by_length), size):
+            micro = by_length[i : i + size]
             batch = collate([s.sequence for s in micro], self.pad_id, self.model.config, self.device)
             counts = torch.tensor([tokens_of[s.trajectory] for s in micro], dtype=torch.float32, device=self.device)
             out.append(MicroBatch(micro, batch, counts))

@@ -114,6 +114,17 @@ def test_collate_and_token_logprobs_line_up_with_the_next_token(tiny_policy):
             torch.testing.assert_close(logprobs[row, : len(ids[0]) - 1][scored], expected[scored], atol=1e-5, rtol=0)
 
 
+def test_micro_batches_hold_sequences_of_similar_length(tiny_policy):
+    model, processor = tiny_policy
+    lengths = [10, 3, 9, 4, 8]
+    samples = [Sample(Sequence(list(range(5, 5 + n)), [0] + [1] * (n - 1), [0.0] * n, None), 1.0, 0, i) for i, n in enumerate(lengths)]
+    micro = _updater(model, processor, micro_batch_size=2).micro_batches(samples)
+    assert [[len(s.sequence.token_ids) for s in m.samples] for m in micro] == [[3, 4], [8, 9], [10]]
+    assert [tuple(m.batch["input_ids"].shape) for m in micro] == [(2, 4), (2, 9), (1, 10)]  # little padding
+    # each row's per-trajectory token count follows its sample
+    assert [m.trajectory_tokens.tolist() for m in micro] == [[2.0, 3.0], [7.0, 8.0], [9.0]]
+
+
 def test_driver_gives_the_engine_the_contexts_the_trainer_scores(tiny_processor):
     formatter = TurnFormatter(tiny_processor)
     mazes = load_pinned("maze_easy")[:1]
