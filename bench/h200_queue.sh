@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The H200 work of issues 9 and 10 as one queue that outlives a device call, for one warm lease:
+# The H200 work of issues 9, 10 and 14 as one queue that outlives a device call, for one warm lease:
 #
 #   bash bench/h200_queue.sh start           # after vLLM's install (shared/tools/vllm-offline), in the same call
 #   bash bench/h200_queue.sh wait 540 [PAT]  # each later call, back to back: wait up to 540 s (or until PAT shows
 #                                            # in the progress log), then copy the logs and figures to $OUT
 #
-# `start` runs, in order and detached (setsid), the engine contract suite with vLLM, bench/plan_calibration.py
-# and bench/vllm_rollout.py, each logging to $QUEUE (default /tmp/rlexp-h200); `progress` there says which
+# `start` runs, in order and detached (setsid), the engine contract suite with vLLM, bench/plan_calibration.py,
+# bench/update_step.py (which builds the 8B-shaped model that vllm_rollout then reuses) and bench/vllm_rollout.py, each logging to $QUEUE (default /tmp/rlexp-h200); `progress` there says which
 # step is running and each step's exit status. Needs the hydra/omegaconf/gymnasium wheels in /tmp/site and
 # vLLM in /tmp/vllm-site, as the device README and vllm-offline's README say.
 set -u
@@ -29,6 +29,7 @@ case "${1:-}" in
     step contract python3 -m pytest -p no:cacheprovider -rs --tb=short -q \
       tests/rollout/test_engine_contract.py tests/tasks/test_export.py tests/tasks/test_eval_engine.py
     step plan python3 bench/plan_calibration.py
+    step update python3 bench/update_step.py --size 8b --out "$QUEUE"
     step vllmbench python3 bench/vllm_rollout.py --out "$QUEUE"
     echo done >> "$QUEUE/progress"
     ;;
