@@ -196,9 +196,10 @@ ENGINE_OPTIONS = {
     HF_ENGINE: ("static_cache",),
     VLLM_ENGINE: ("gpu_memory_utilization", "sleep_level", "max_model_len", "max_images_per_prompt", "seed", "enforce_eager", "dtype"),
 }
-#: ``rollout.engine.sleep_level``: 0 never sleeps, 1 moves the weights to host memory, 2 drops them (read
-#: again on waking); auto measures the first update and picks 0 or 1.
-SLEEP_LEVELS = ("auto", "0", "1", "2")
+#: ``rollout.engine.sleep_level``: 0 never sleeps, 1 moves the weights to host memory; auto measures the
+#: first update and picks 0 or 1. vLLM's level 2 (drop the weights, read them again on waking) is not
+#: offered: with LoRA enabled its ``reload_weights`` fails (vllm-project/vllm#39934, still open in 0.22.1).
+SLEEP_LEVELS = ("auto", "0", "1")
 #: ``rollout.engine.dtype`` (vllm): auto serves in the policy's dtype, but a float32 policy with LoRA in bfloat16.
 ENGINE_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -213,7 +214,7 @@ class EngineConfig:
     static_cache: Optional[bool] = None
     #: vllm: the share of the GPU's memory vLLM may take (weights, activations, KV cache).
     gpu_memory_utilization: Optional[float] = ranged(None, "(0, 1]")
-    #: vllm: how the engine frees memory for the trainer's update: auto | 0 | 1 | 2 (see SLEEP_LEVELS).
+    #: vllm: how the engine frees memory for the trainer's update: auto | 0 | 1 (see SLEEP_LEVELS).
     sleep_level: Optional[str] = ranged(None, choices=SLEEP_LEVELS)
     #: vllm: the longest context (prompt + reply) in tokens; null = the model's own limit.
     max_model_len: Optional[int] = ranged(None, "[256, 1048576]")

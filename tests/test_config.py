@@ -75,7 +75,7 @@ def test_rollout_vllm_validates_on_one_gpu():
     [
         (["rollout.engine.sleep_level=1"], "rollout.engine.sleep_level"),  # a vLLM option on the hf engine
         (["rollout=vllm", "cluster=gpu_1x", "rollout.engine.static_cache=true"], "rollout.engine.static_cache"),
-        (["rollout=vllm", "cluster=gpu_1x", "rollout.engine.sleep_level=3"], "rollout.engine.sleep_level"),
+        (["rollout=vllm", "cluster=gpu_1x", "rollout.engine.sleep_level=2"], "rollout.engine.sleep_level"),
         (["rollout=vllm", "cluster=gpu_1x", "cluster.device=cuda:1"], "cluster.device"),
         (["rollout=vllm", "cluster=gpu_1x", "model.lora.rank=1024"], "model.lora.rank"),
     ],

@@ -19,8 +19,7 @@ so an install without it never loads it. What the engine guarantees, and how:
   serves it as a ``LoRARequest`` with a new int id, and removes the previous adapter from the engine and
   from disk.
 - **Colocation.** ``sleep``/``wake_up`` around the trainer's update, at ``sleep_level`` 0 (never sleep),
-  1 (weights to host memory, KV cache dropped), 2 (weights and KV cache dropped; the base weights are
-  read from the checkpoint again on waking) or ``auto``: the first update runs with level 1 while the
+  1 (weights to host memory, KV cache dropped) or ``auto``: the first update runs with level 1 while the
   trainer's extra memory is measured; from then on level 0 if that fits beside the awake engine with
   2 GiB to spare, else level 1.
 """
@@ -233,16 +232,7 @@ class VLLMEngine:
     def wake_up(self) -> None:
         if self._asleep is None:
             return
-        if self._asleep == 2:
-            # level 2 dropped the weights: the base model is read again, and the adapter (whose GPU copy went
-            # with them) is served again under a new id so that vLLM copies it in afresh
-            self.llm.wake_up(tags=["weights"])
-            self.llm.collective_rpc("reload_weights")
-            self.llm.wake_up(tags=["kv_cache"])
-            if self._lora is not None:
-                self._serve(Path(self._lora.lora_path))
-        else:
-            self.llm.wake_up()
+        self.llm.wake_up()
         self._asleep = None
         if self.sleep_level == "auto":
             self._decide_sleep_level()

@@ -163,14 +163,14 @@ def test_a_weight_sync_serves_the_updated_policy(setup, tmp_path):
             engine.load_weights(tmp_path / "global_step_2" / "policy")
             assert (tmp_path / "global_step_2" / "policy" / "adapter_model.safetensors").is_file()
             assert not (tmp_path / "global_step_1").exists(), "the previous adapter stays on disk"
-            assert engine.llm.llm_engine.list_loras() == {engine._lora.lora_int_id}
+            assert set(engine.llm.llm_engine.list_loras()) == {engine._lora.lora_int_id}
     finally:
         model.load_state_dict(saved, strict=False)
         engine.load_weights(tmp_path / "restored" / "policy")
     assert [o.token_ids for o in engine.generate(requests, GREEDY)] == before
 
 
-@pytest.mark.parametrize("level", ["1", "2", "auto"])
+@pytest.mark.parametrize("level", ["1", "auto"])
 def test_sleep_and_wake_keep_the_weights(setup, level):
     name, engine, model, processor = setup
     if name == "vllm":
