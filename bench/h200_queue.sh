@@ -23,7 +23,8 @@ case "${1:-}" in
       local name=$1; shift
       echo "$(date +%T) start $name" >> "$QUEUE/progress"
       "$@" > "$QUEUE/$name.log" 2>&1
-      echo "$(date +%T) end $name rc=$?" >> "$QUEUE/progress"
+      local rc=$?  # before $(date) below resets $?
+      echo "$(date +%T) end $name rc=$rc" >> "$QUEUE/progress"
     }
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$QUEUE/gpu.txt" 2>&1
     step contract python3 -m pytest -p no:cacheprovider -rs --tb=short -q \
