@@ -8,11 +8,16 @@ The estimate follows what rlexp's trainer and engines hold (bytes per GPU; GB = 
   16 bytes per parameter, divided by the world size under FSDP2;
 * activations of one micro-batch (``micro_batch_size`` × the longest sequence): with checkpointing, each
   decoder layer's input plus one layer recomputed in backward; without it, every layer's saved tensors
-  (the norms' fp32 internals, q/k/v and the attention output, the MLP's four intermediates);
-* the logits buffer: ``LOGIT_COPIES`` tensors of tokens × vocabulary in ``model.dtype``;
+  (the norms' fp32 internals, q/k/v and the attention output, the MLP's four intermediates, scaled by
+  ``SAVED_TENSORS_SCALE`` for what autograd keeps beyond them);
+* the logits: ``LOGIT_COPIES`` tensors of scored tokens × vocabulary in ``model.dtype``. The update
+  projects the vocabulary only where the loss reads it (``token_logprobs``): every reply of a full-history
+  sequence, the last one of a windowed one. With checkpointing they are freed before backward reaches the
+  recomputed layers, so the peak holds the larger of the two, not both;
 * the rollout: with the in-process ``hf`` engine, the weights unsharded (under FSDP2 each rank gathers
   them for generation, which then needs no collectives), the KV cache of every episode a rank plays at
-  once (rank 0 plays the whole eval set) at the longest context, plus one layer's prefill activations; with a colocated vLLM engine (one per
+  once (rank 0 plays the whole eval set) at the longest context, plus one layer's prefill activations and
+  ``PREFILL_SCORE_BYTES`` per head and (query, key) pair of the prefill; with a colocated vLLM engine (one per
   GPU), its ``gpu_memory_utilization`` share, of which the KV cache is what its weights leave. The
   engine must sleep when that share and the trainer's peak do not fit together.
 
@@ -37,9 +42,17 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 CHARS_PER_TOKEN = 4
 #: chat-template tokens of one message (<|im_start|>role\n … <|im_end|>\n, vision start/end).
 TEMPLATE_TOKENS = 8
-#: tensors of tokens × vocab alive at the loss's peak in backward: the logits the loss saved, their gradient, the
-#: masked copy's gradient and the unsliced zero-padded one (calibrate with bench/plan_calibration.py).
-LOGIT_COPIES = 4
+#: tensors of scored tokens × vocab alive at the loss's peak (the bf16 logits, their masked copy and its gradient,
+#: less what the chunked fp32 log-softmax frees): 2.53–2.97 measured on the H200, 2B and 8B shapes,
+#: 2026-12-06 (bench/plan_calibration.py, BENCHMARKS.md).
+LOGIT_COPIES = 2.75
+#: autograd's saved tensors of one decoder layer against those ``estimate`` counts (LoRA's inputs and rank-r
+#: outputs, SDPA's extras and the rotary copies are not counted one by one): 1.36–1.40 measured, as above.
+SAVED_TENSORS_SCALE = 1.38
+#: the hf engine's prefill holds this many bytes per attention head and (query, key) pair beyond the
+#: per-token activations: fitted to the 2B and 8B rollouts of bench/plan_calibration.py (within 1.2% with it,
+#: −12% to −26% without); what holds them inside transformers' SDPA call is not traced.
+PREFILL_SCORE_BYTES = 1
 #: share of a GPU's memory the caching allocator can hand out (the rest: CUDA context, fragmentation).
 USABLE = 0.92
 #: vLLM's own use inside its share besides weights and KV cache (CUDA graphs, sampler, activations).
@@ -75,7 +88,7 @@ class RunShape:
     image_side_px: int
     engine: str
     gpu_memory_utilization: float
-    #: ``rollout.engine.sleep_level``: auto | 0 | 1 | 2.
+    #: ``rollout.engine.sleep_level``: auto | 0 | 1.
     sleep_level: str
     cluster: str
     nodes: int
@@ -167,7 +180,9 @@ class MemoryPlan:
     base_params: float
     fsdp_gather: float
     lora_state: float
-    activations_checkpointed: float
+    #: each decoder layer's input (what checkpointing keeps) and one layer's saved tensors.
+    layer_inputs: float
+    layer_saved: float
     activations_full: float
     logits: float
     rollout_kv: float
@@ -179,8 +194,20 @@ class MemoryPlan:
     capacity: float
 
     @property
+    def activations_checkpointed(self) -> float:
+        return self.layer_inputs + self.layer_saved
+
+    @property
     def activations(self) -> float:
         return self.activations_checkpointed if self.shape.checkpointing else self.activations_full
+
+    @property
+    def activations_and_logits(self) -> float:
+        """The update's peak beyond the resident state: with checkpointing the logits are gone before the
+        first layer is recomputed, without it every layer's tensors are alive beside them."""
+        if self.shape.checkpointing:
+            return self.layer_inputs + max(self.layer_saved, self.logits)
+        return self.activations_full + self.logits
 
     @property
     def resident(self) -> float:
@@ -189,7 +216,7 @@ class MemoryPlan:
 
     @property
     def train_peak(self) -> float:
-        return self.resident + self.activations + self.logits + self.engine_during_training
+        return self.resident + self.activations_and_logits + self.engine_during_training
 
     @property
     def engine_during_training(self) -> float:
@@ -231,8 +258,9 @@ class MemoryPlan:
         return not self.problems
 
 
-def estimate(shape: RunShape, sequence_tokens: int | None = None) -> MemoryPlan:
-    """``sequence_tokens``: the longest sequence where it is known (a benchmark's); else from the turns."""
+def estimate(shape: RunShape, sequence_tokens: int | None = None, scored_tokens: int | None = None) -> MemoryPlan:
+    """``sequence_tokens``: the longest sequence where it is known (a benchmark's), else from the turns;
+    ``scored_tokens``: the loss-masked tokens of each sequence where known, else its replies'."""
     model = model_shape(shape.model_path)
     dtype = DTYPE_BYTES[shape.dtype]
     lora = lora_params(shape.model_path, shape.lora_rank, shape.lora_targets)
@@ -243,12 +271,13 @@ def estimate(shape: RunShape, sequence_tokens: int | None = None) -> MemoryPlan:
         + shape.context_turns * (shape.turn_text_tokens + shape.reply_tokens + TEMPLATE_TOKENS + image_tokens)
     )
     tokens = shape.micro_batch * sequence
+    # full history: one sequence per episode, every reply trained; a window: one sequence per turn, its reply
+    replies = shape.context_turns if shape.context_turns == shape.turns else 1
+    scored = shape.micro_batch * (scored_tokens if scored_tokens is not None else replies * shape.reply_tokens)
     h, q, kv, inter = model.hidden, model.q_dim, model.kv_dim, model.intermediate
     # saved for backward by one decoder layer, per token: model-dtype tensors (normed inputs, q/k/v and the
     # attention output, the MLP's gate, up, act(gate) and product) and the RMSNorms' fp32 internals
-    per_layer = dtype * (2 * h + 2 * q + 2 * kv + 4 * inter) + 4 * 2 * (2 * h + q + kv)
-    checkpointed = model.layers * tokens * h * dtype + tokens * per_layer
-    full = model.layers * tokens * per_layer
+    per_layer = (dtype * (2 * h + 2 * q + 2 * kv + 4 * inter) + 4 * 2 * (2 * h + q + kv)) * SAVED_TENSORS_SCALE
     rollout_batch = max(shape.rollout_sequences, shape.eval_sequences)
     kv_bytes = model.kv_bytes_per_token(dtype)
     vllm_share = shape.gpu_memory_utilization * shape.gpu_memory_gb * GB if shape.engine == "vllm" else 0.0
@@ -263,11 +292,14 @@ def estimate(shape: RunShape, sequence_tokens: int | None = None) -> MemoryPlan:
         base_params=model.params * dtype / (shape.world if sharded else 1),
         fsdp_gather=2 * model.largest_block * dtype if sharded else 0.0,
         lora_state=lora * 16 / (shape.world if sharded else 1),
-        activations_checkpointed=checkpointed,
-        activations_full=full,
-        logits=LOGIT_COPIES * tokens * model.vocab * dtype,
+        layer_inputs=model.layers * tokens * h * dtype,
+        layer_saved=tokens * per_layer,
+        activations_full=model.layers * tokens * per_layer,
+        logits=LOGIT_COPIES * scored * model.vocab * dtype,
         rollout_kv=rollout_batch * sequence * kv_bytes if shape.engine == "hf" else 0.0,
-        rollout_prefill=rollout_batch * sequence * (2 * h + 2 * inter) * dtype if shape.engine == "hf" else 0.0,
+        rollout_prefill=rollout_batch * sequence * ((2 * h + 5 * inter) * dtype + model.heads * sequence * PREFILL_SCORE_BYTES)
+        if shape.engine == "hf"
+        else 0.0,
         vllm_share=vllm_share,
         vllm_weights=vllm_weights if shape.engine == "vllm" else 0.0,
         vllm_kv=vllm_share - vllm_weights - VLLM_OVERHEAD_GB * GB if shape.engine == "vllm" else 0.0,
@@ -275,7 +307,7 @@ def estimate(shape: RunShape, sequence_tokens: int | None = None) -> MemoryPlan:
         capacity=capacity,
     )
     if shape.engine == "vllm":
-        plan.must_sleep = plan.resident + plan.activations + plan.logits + plan.vllm_share > capacity
+        plan.must_sleep = plan.resident + plan.activations_and_logits + plan.vllm_share > capacity
     return plan
 
 

@@ -31,7 +31,7 @@ def render(plan: MemoryPlan, price_per_hour: float | None = None, step_time_s: f
         f"  {'LoRA params + grads + AdamW moments (fp32, ' + shard + ')':<66}{_gb(plan.lora_state)}",
         f"  {'activations, checkpointing on' + (' <- chosen' if s.checkpointing else ''):<66}{_gb(plan.activations_checkpointed)}",
         f"  {'activations, checkpointing off' + ('' if s.checkpointing else ' <- chosen'):<66}{_gb(plan.activations_full)}",
-        f"  {f'logits buffer ({LOGIT_COPIES} x tokens x {m.vocab:,} vocab)':<66}{_gb(plan.logits)}",
+        f"  {f'logits ({LOGIT_COPIES} x scored tokens x {m.vocab:,} vocab)':<66}{_gb(plan.logits)}",
     ]
     if s.engine == "vllm":
         state = f"asleep (level {s.level_when_asleep})" if plan.must_sleep else "awake"
@@ -55,7 +55,7 @@ def render(plan: MemoryPlan, price_per_hour: float | None = None, step_time_s: f
             f"  {'= training peak':<66}{_gb(plan.train_peak)}",
             f"  {'hf engine: the rest of the weights, gathered for generation':<66}{_gb(plan.base_params * (s.world - 1))}",
             f"  {f'hf engine KV cache ({max(s.rollout_sequences, 0)} episodes a rank, at the longest context)':<66}{_gb(plan.rollout_kv)}",
-            f"  {'hf engine prefill activations (one layer)':<66}{_gb(plan.rollout_prefill)}",
+            f"  {'hf engine prefill (one layer: activations and attention scores)':<66}{_gb(plan.rollout_prefill)}",
         ]
     lines += [
         f"  {'= rollout peak':<66}{_gb(plan.rollout_peak)}",

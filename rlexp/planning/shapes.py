@@ -32,6 +32,7 @@ class ModelShape:
     layers: int
     hidden: int
     intermediate: int
+    heads: int
     q_dim: int
     kv_dim: int
     vocab: int
@@ -84,6 +85,7 @@ def model_shape(path: str) -> ModelShape:
         layers=text.num_hidden_layers,
         hidden=text.hidden_size,
         intermediate=text.intermediate_size,
+        heads=text.num_attention_heads,
         q_dim=text.num_attention_heads * text.head_dim,
         kv_dim=text.num_key_value_heads * text.head_dim,
         vocab=text.vocab_size,

@@ -54,7 +54,7 @@ def test_a_shape_that_does_not_fit_names_a_change_that_fits():
         "algorithm.train_batch_size=8", "algorithm.policy_mini_batch_size=8",
     ))
     assert plan.fits
-    tight = estimate(dataclasses.replace(plan.shape, micro_batch=64, gpu_memory_gb=60))
+    tight = estimate(dataclasses.replace(plan.shape, micro_batch=64, gpu_memory_gb=40))
     assert not tight.fits and "per GPU" in tight.problems[0]
     hints = suggestions(tight)
     micro = next(h for h in hints if h.startswith("algorithm.micro_batch_size="))
@@ -86,7 +86,7 @@ def test_vllm_engine_share_and_sleep():
     vllm = estimate(dataclasses.replace(plan.shape, engine="vllm", gpu_memory_utilization=0.45))
     assert vllm.vllm_share == pytest.approx(0.45 * 141 * GB)
     assert vllm.vllm_kv == pytest.approx(vllm.vllm_share - vllm.vllm_weights - 2 * GB)
-    cramped = estimate(dataclasses.replace(vllm.shape, gpu_memory_gb=48, gpus_per_node=8, cpu_memory_gb=1024, sleep_level="0"))
+    cramped = estimate(dataclasses.replace(vllm.shape, gpu_memory_gb=48, gpus_per_node=8, cpu_memory_gb=1024, sleep_level="0", micro_batch=16))
     assert cramped.must_sleep and not cramped.fits and cramped.train_peak > cramped.vllm_share
     assert any(h.startswith("rollout.engine.sleep_level=1") for h in suggestions(cramped))
 
@@ -95,10 +95,10 @@ def test_the_vllm_options_auto_sleep_is_planned_as_the_engine_runs_it():
     """``rollout=vllm`` composes ``sleep_level: auto``; where the engine must sleep, auto sleeps at level 1 (it
     frees all but its asleep remainder), and where it need not, the engine stays awake with its whole share."""
     overrides = ("experiment=visgym_maze_grpo", "rollout=vllm", "plan.reply_tokens=64")
-    cramped = estimate(shape_of(*overrides, "cluster=g6e_12xlarge"))
+    cramped = estimate(shape_of(*overrides, "cluster=g6e_12xlarge", "algorithm.micro_batch_size=16"))
     assert cramped.shape.sleep_level == "auto" and cramped.must_sleep and cramped.fits
     assert cramped.engine_during_training < 0.1 * cramped.vllm_share
     assert "vLLM engine during training: asleep (level 1)" in render(cramped)
     roomy = estimate(shape_of(*overrides, "cluster=gpu_1x"))
     assert not roomy.must_sleep and roomy.engine_during_training == roomy.vllm_share
-    assert check_fit(compose_config(*overrides, "cluster=g6e_12xlarge")).fits
+    assert check_fit(compose_config(*overrides, "cluster=g6e_12xlarge", "algorithm.micro_batch_size=16")).fits
