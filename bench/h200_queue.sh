@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The H200 work of issues 9, 10 and 14 as one queue that outlives a device call, for one warm lease:
 #
-#   bash bench/h200_queue.sh start           # after vLLM's install (shared/tools/vllm-offline), in the same call
+#   bash bench/h200_queue.sh start [STEP…]   # after vLLM's install (shared/tools/vllm-offline), in the same call;
+#                                            # STEP: contract plan update vllmbench (default: all, in that order)
 #   bash bench/h200_queue.sh wait 540 [PAT]  # each later call, back to back: wait up to 540 s (or until PAT shows
 #                                            # in the progress log), then copy the logs and figures to $OUT
 #
@@ -15,12 +16,16 @@ cd "$(dirname "$0")/.."
 case "${1:-}" in
   start)
     mkdir -p "$QUEUE"
-    setsid nohup bash "$0" run > "$QUEUE/queue.out" 2>&1 < /dev/null &
+    shift
+    setsid nohup bash "$0" run "$@" > "$QUEUE/queue.out" 2>&1 < /dev/null &
     ;;
   run)
     export PYTHONPATH=/tmp/vllm-site:/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+    shift
+    wanted=" ${*:-contract plan update vllmbench} "
     step() {
       local name=$1; shift
+      [[ $wanted == *" $name "* ]] || return 0
       echo "$(date +%T) start $name" >> "$QUEUE/progress"
       "$@" > "$QUEUE/$name.log" 2>&1
       local rc=$?  # before $(date) below resets $?
@@ -41,5 +46,5 @@ case "${1:-}" in
     for f in "$QUEUE"/*.log "$QUEUE"/*.json "$QUEUE/gpu.txt"; do [ -f "$f" ] && cp "$f" "${OUT:?}/"; done
     for f in "$QUEUE"/*.log; do echo "== $f"; tail -c 2500 "$f"; done
     ;;
-  *) echo "usage: $0 start | wait SECONDS [PATTERN]" >&2; exit 2 ;;
+  *) echo "usage: $0 start [STEP...] | wait SECONDS [PATTERN]" >&2; exit 2 ;;
 esac
