@@ -17,7 +17,9 @@ Variants, each timed over ``--steps`` steps after one warm-up, with its peak GPU
 * ``rlexp_scored``: ``PolicyUpdate.score`` + ``PolicyUpdate.run`` (the vocabulary projected at the loss-masked
   positions only), as a step with several mini-batches runs;
 * ``rlexp_on_policy``: ``PolicyUpdate.run`` alone, the exactly-on-policy step (no old-log-prob pass);
-* ``rlexp_on_policy_fused`` (CUDA only): the same with ``AdamW(fused=True)``.
+* ``rlexp_on_policy_fused`` (CUDA only): the same with ``AdamW(fused=True)``;
+* ``rlexp_on_policy_fused_no_ckpt`` (CUDA only): the same without activation checkpointing
+  (``model.gradient_checkpointing=false``; ``task=plan`` says whether a shape fits so).
 
 Prints tokens/s (non-pad tokens), MFU at 4·N FLOP per token (forward plus activation gradients; recompute
 not counted) against ``--peak-tflops`` (790 for bf16 on H100/H200), the padding share, the ratio of each
@@ -215,6 +217,12 @@ def main() -> None:
     if device.type == "cuda":
         run.optimizer = run.update.optimizer = torch.optim.AdamW(run.update.params, lr=cfg.algorithm.lr, fused=True)
         results["rlexp_on_policy_fused"] = timed_steps(rlexp_step(score=False), args.steps, device)
+        # what model.gradient_checkpointing=false trains with (transformers >= 5.2x name, or the older one)
+        (getattr(run.model, "activation_checkpointing_disable", None) or run.model.gradient_checkpointing_disable)()
+        try:
+            results["rlexp_on_policy_fused_no_ckpt"] = timed_steps(rlexp_step(score=False), args.steps, device)
+        except torch.cuda.OutOfMemoryError:
+            print(f"rlexp_on_policy_fused_no_ckpt: out of GPU memory at micro-batch {args.micro}")
     for name, figures in results.items():
         figures["tokens_per_s"] = tokens / figures["step_s"]
         figures["mfu"] = 4 * params * figures["tokens_per_s"] / (args.peak_tflops * 1e12)
