@@ -2,11 +2,11 @@
 # The H200 work of issues 9, 10 and 14 as one queue that outlives a device call, for one warm lease:
 #
 #   bash bench/h200_queue.sh start [STEP…]   # after vLLM's install (shared/tools/vllm-offline), in the same call;
-#                                            # STEP: contract plan update vllmbench (default: all, in that order)
+#                                            # STEP: explore contract plan update vllmbench (default: all, in that order)
 #   bash bench/h200_queue.sh wait 540 [PAT]  # each later call, back to back: wait up to 540 s (or until PAT shows
 #                                            # in the progress log), then copy the logs and figures to $OUT
 #
-# `start` runs, in order and detached (setsid), the engine contract suite with vLLM, bench/plan_calibration.py,
+# `start` runs, in order and detached (setsid), bench/maze_exploration.py on the SFT warm start (issue 8), the engine contract suite with vLLM, bench/plan_calibration.py,
 # bench/update_step.py (which builds the 8B-shaped model that vllm_rollout then reuses) and bench/vllm_rollout.py, each logging to $QUEUE (default /tmp/rlexp-h200); `progress` there says which
 # step is running and each step's exit status. Needs the hydra/omegaconf/gymnasium wheels in /tmp/site and
 # vLLM in /tmp/vllm-site, as the device README and vllm-offline's README say.
@@ -22,7 +22,7 @@ case "${1:-}" in
   run)
     export PYTHONPATH=/tmp/vllm-site:/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
     shift
-    wanted=" ${*:-contract plan update vllmbench} "
+    wanted=" ${*:-explore contract plan update vllmbench} "
     step() {
       local name=$1; shift
       [[ $wanted == *" $name "* ]] || return 0
@@ -32,6 +32,7 @@ case "${1:-}" in
       echo "$(date +%T) end $name rc=$rc" >> "$QUEUE/progress"
     }
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$QUEUE/gpu.txt" 2>&1
+    step explore python3 bench/maze_exploration.py --checkpoint checkpoints/maze_sft_warm_seed0 --json "$QUEUE/explore.json"
     step contract python3 -m pytest -p no:cacheprovider -rs --tb=short -q \
       tests/rollout/test_engine_contract.py tests/tasks/test_export.py tests/tasks/test_eval_engine.py
     step plan python3 bench/plan_calibration.py
