@@ -317,6 +317,15 @@ def cluster_options() -> dict[str, dict]:
     return {name: values for name, values in options.items() if values.get("gpus_per_node", 0) > 0}
 
 
+def without_checkpointing(plan: MemoryPlan) -> MemoryPlan | None:
+    """The same shape on a GPU with activation checkpointing off, where that fits too: it skips the recompute of
+    every decoder layer (at 8B on an H100 the update ran 1.4-1.5x faster so, BENCHMARKS.md); else None."""
+    if not (plan.fits and plan.shape.checkpointing and plan.shape.on_gpu):
+        return None
+    trial = estimate(dataclasses.replace(plan.shape, checkpointing=False))
+    return trial if trial.fits else None
+
+
 def suggestions(plan: MemoryPlan) -> list[str]:
     """Changes that would make a shape that does not fit fit, each with the peak it would have; the
     first that works of each kind: checkpointing, micro-batch, history window, engine sleep, more nodes,

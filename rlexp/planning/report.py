@@ -1,7 +1,7 @@
 """The plan as a table (``task=plan``) and as the one-line refusal training gives for a shape that cannot fit."""
 
 from rlexp.config import ConfigError
-from rlexp.planning.memory import GB, LOGIT_COPIES, USABLE, MemoryPlan, estimate, run_shape, suggestions
+from rlexp.planning.memory import GB, LOGIT_COPIES, USABLE, MemoryPlan, estimate, run_shape, suggestions, without_checkpointing
 
 
 def _count(n: int) -> str:
@@ -65,6 +65,11 @@ def render(plan: MemoryPlan, price_per_hour: float | None = None, step_time_s: f
     ]
     if plan.fits:
         lines.append(f"  FITS: peak {plan.peak / GB:.1f} GB of {plan.capacity / GB:.1f} GB usable")
+        if faster := without_checkpointing(plan):
+            lines.append(
+                f"  faster: model.gradient_checkpointing=false fits too (peak {faster.peak / GB:.1f} GB) and skips the "
+                "recompute of every layer (1.4-1.5x faster updates at 8B, BENCHMARKS.md)"
+            )
     else:
         lines.append(f"  DOES NOT FIT: {'; '.join(plan.problems)}")
         hints = suggestions(plan)

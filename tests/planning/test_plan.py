@@ -66,6 +66,22 @@ def test_a_shape_that_does_not_fit_names_a_change_that_fits():
     assert "per step (360 s): 0.100 GPU-hours, $0.40; per run (10 steps): 1.0 GPU-hours, $4.00" in text
 
 
+def test_a_shape_that_fits_without_checkpointing_says_so_and_one_that_does_not_stays_quiet():
+    plan = estimate(shape_of(
+        "experiment=visgym_maze_grpo", "cluster=gpu_1x", "model.gradient_checkpointing=true", "plan.reply_tokens=64",
+        "rollout.max_turns=3", "algorithm.train_batch_size=8", "algorithm.policy_mini_batch_size=8",
+    ))
+    assert plan.fits and plan.shape.checkpointing
+    off = estimate(dataclasses.replace(plan.shape, checkpointing=False))
+    assert off.fits
+    assert f"model.gradient_checkpointing=false fits too (peak {off.peak / GB:.1f} GB)" in render(plan)
+    # a GPU just large enough with checkpointing: no such line (and none for a plan that already runs without)
+    snug = estimate(dataclasses.replace(plan.shape, gpu_memory_gb=plan.peak / GB / 0.92 + 1))
+    assert snug.fits and not estimate(dataclasses.replace(snug.shape, checkpointing=False)).fits
+    assert "gradient_checkpointing=false" not in render(snug)
+    assert "gradient_checkpointing=false" not in render(off)
+
+
 def test_training_refuses_a_shape_that_cannot_fit_before_loading(monkeypatch):
     def refuse(*args, **kwargs):
         pytest.fail("a model was loaded")
