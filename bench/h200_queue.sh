@@ -2,7 +2,7 @@
 # The H200 work of issues 9, 10 and 14 as one queue that outlives a device call, for one warm lease:
 #
 #   bash bench/h200_queue.sh start [STEP…]   # after vLLM's install (shared/tools/vllm-offline), in the same call;
-#                                            # STEP: explore contract plan update vllmbench (default: all, in that order)
+#                                            # STEP: contract vllmbench explore plan update (default: all, in that order)
 #   bash bench/h200_queue.sh wait 540 [PAT]  # each later call, back to back: wait up to 540 s (or until PAT shows
 #                                            # in the progress log), then copy the logs and figures to $OUT
 #
@@ -22,7 +22,7 @@ case "${1:-}" in
   run)
     export PYTHONPATH=/tmp/vllm-site:/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
     shift
-    wanted=" ${*:-explore contract plan update vllmbench} "
+    wanted=" ${*:-contract vllmbench explore plan update} "
     step() {
       local name=$1; shift
       [[ $wanted == *" $name "* ]] || return 0
@@ -32,12 +32,12 @@ case "${1:-}" in
       echo "$(date +%T) end $name rc=$rc" >> "$QUEUE/progress"
     }
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$QUEUE/gpu.txt" 2>&1
-    step explore python3 bench/maze_exploration.py --checkpoint checkpoints/maze_sft_warm_seed0 --json "$QUEUE/explore.json"
     step contract python3 -m pytest -p no:cacheprovider -rs --tb=short -q \
       tests/rollout/test_engine_contract.py tests/tasks/test_export.py tests/tasks/test_eval_engine.py
+    step vllmbench python3 bench/vllm_rollout.py --out "$QUEUE"
+    step explore python3 bench/maze_exploration.py --checkpoint checkpoints/maze_sft_warm_seed0 --json "$QUEUE/explore.json"
     step plan python3 bench/plan_calibration.py
     step update python3 bench/update_step.py --size 8b --out "$QUEUE"
-    step vllmbench python3 bench/vllm_rollout.py --out "$QUEUE"
     echo done >> "$QUEUE/progress"
     ;;
   wait)

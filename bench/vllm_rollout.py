@@ -139,12 +139,12 @@ def main() -> None:
         run.step += 1
         metrics.update(run.sync_engine())
         wall = time.perf_counter() - start
-        parts = {k: metrics[f"timing/{k}"] for k in ("generate_s", "sleep_s", "score_s", "train_s", "wake_s", "sync_s")}
+        parts = {k: metrics.get(f"timing/{k}", 0.0) for k in ("generate_s", "sleep_s", "score_s", "train_s", "wake_s", "sync_s")}
         colocation = parts["sleep_s"] + parts["wake_s"] + parts["sync_s"]
         print(
             f"GRPO step {index} (32 mazes x {SAMPLES}, sleep_level {level} -> {run.engine.sleep_level}): {wall:.1f} s = "
             + " / ".join(f"{k[:-2]} {v:.1f}" for k, v in parts.items())
-            + f" s; {metrics['timing/generate_tokens_per_s']:,.0f} tok/s; colocation (sleep + wake + sync) "
+            + f" s; {metrics.get('timing/generate_tokens_per_s', 0.0):,.0f} tok/s; colocation (sleep + wake + sync) "
             f"{colocation:.1f} s = {colocation / wall:.1%} of the step; logprob_gap {metrics.get('rollout/logprob_gap', float('nan')):.2e}"
         )
         record(f"grpo_step{index}", {**parts, "wall_s": wall, "colocation_share": colocation / wall, **{
