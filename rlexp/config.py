@@ -192,8 +192,10 @@ class AlgorithmConfig:
 #: the engines rlexp ships and the options each reads; an option left null is not passed to the engine
 #: (``rlexp.rollout.engine.build_engine``), and one set for an engine that does not read it is refused.
 HF_ENGINE, VLLM_ENGINE = "rlexp.rollout.hf_engine.HFEngine", "rlexp.rollout.vllm_engine.VLLMEngine"
+TURN_BATCH_ENGINE = "rlexp.rollout.turn_batch.TurnBatchEngine"
 ENGINE_OPTIONS = {
     HF_ENGINE: ("static_cache",),
+    TURN_BATCH_ENGINE: ("static_cache",),  # its generate (evaluation) is HFEngine's
     VLLM_ENGINE: ("gpu_memory_utilization", "sleep_level", "max_model_len", "max_images_per_prompt", "seed", "enforce_eager", "dtype"),
 }
 #: ``rollout.engine.sleep_level``: 0 never sleeps, 1 moves the weights to host memory; auto measures the
@@ -697,6 +699,23 @@ def _check_targets(cfg: Any) -> None:
             raise ConfigError(f"{key}._target_={target} cannot be imported (no such module or attribute)") from None
 
 
+def _check_turn_batch(cfg: Any) -> None:
+    """``rollout=turn_batch`` plays one-image turns in one process, for GRPO."""
+    from rlexp.rollout.turn_batch import check_env
+
+    try:
+        check_env(cfg.env)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if cfg.algorithm.name.value == "sft":
+        raise ConfigError("rollout=turn_batch plays GRPO's episodes; algorithm=sft learns from token sequences: use rollout=hf")
+    cluster = cfg.cluster
+    if cluster.launcher == Launcher.ray or cluster.nodes * cluster.gpus_per_node > 1:
+        raise ConfigError(
+            "rollout=turn_batch runs in one process (no FSDP2): use cluster=gpu_1x or local_cpu, or rollout=hf to shard"
+        )
+
+
 def _check_engine(cfg: Any) -> None:
     """Each engine gets only its own options; vLLM runs on the first visible GPU, with LoRA ranks it can serve."""
     engine = cfg.rollout.engine
@@ -708,6 +727,8 @@ def _check_engine(cfg: Any) -> None:
                     f"rollout.engine.{f.name}={_show(engine[f.name])} is not read by {target.rpartition('.')[2]} "
                     f"(rollout.engine._target_); leave it null"
                 )
+    if target == TURN_BATCH_ENGINE:
+        _check_turn_batch(cfg)
     if target != VLLM_ENGINE:
         return
     if cfg.task.value in COMPUTE_TASKS and cfg.cluster.device not in ("cuda", "cuda:0"):

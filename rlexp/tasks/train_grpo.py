@@ -15,6 +15,7 @@ from rlexp.algorithms.grpo import group_advantages, nonzero_variance_groups, pol
 from rlexp.rollout.conversation import training_sequences
 from rlexp.rollout.driver import run_rollouts, stop_strings
 from rlexp.rollout.engine import SamplingParams
+from rlexp.rollout.turn_batch import TurnBatchEngine
 from rlexp.training import distributed
 from rlexp.training.loop import TrainingRun, run_training, timed, turn_limit
 from rlexp.training.update import MicroBatch, Normalizers, Sample
@@ -39,23 +40,15 @@ class GRPOStep:
         with run.preemption.abandonable():  # changes nothing a checkpoint holds (stream and RNG are restored)
             mazes = run.mazes()
             with distributed.gathered(run.model):  # each rank generates alone, on the whole weights
-                trajectories, t_generate = timed(
-                    run_rollouts, run.engine, run.formatter, mazes, self.cfg.env, algo.n_samples_per_prompt, self.sampling,
-                    turn_limit(self.cfg),
-                )
+                played, t_generate = timed(self.play, mazes)
         # a colocated engine frees the GPU for scoring and the update, and is woken before the loop syncs it
         _, t_sleep = timed(run.engine.sleep)
-        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+        rewards = played.rewards
         advantages = group_advantages(rewards, algo.n_samples_per_prompt, norm_by_std=algo.norm_by_std)
         keep = torch.ones_like(rewards, dtype=torch.bool)
         if algo.drop_zero_variance_groups:
             keep = nonzero_variance_groups(rewards, algo.n_samples_per_prompt)
-        samples = [
-            Sample(sequence, float(advantages[i]), group=t.maze_index, trajectory=i)
-            for i, t in enumerate(trajectories)
-            if keep[i]
-            for sequence in training_sequences(run.formatter, t, self.cfg.env.history_window)
-        ]
+        samples = played.samples(advantages, keep)
         metrics: dict[str, float] = {}
         t_train = 0.0
         n_samples = run.world.sum([len(samples)])[0]
@@ -70,9 +63,9 @@ class GRPOStep:
             metrics.update(update)
             metrics["timing/score_s"] = t_score
         _, t_wake = timed(run.engine.wake_up)
-        (generated,) = run.world.sum([sum(len(turn.response_ids) for t in trajectories for turn in t.turns)])
+        (generated,) = run.world.sum([played.generated_tokens])
         return {
-            **run.rollout_metrics(trajectories, rewards),
+            **played.metrics(),
             **metrics,
             "train/samples": n_samples,
             "timing/generate_s": t_generate,
@@ -81,6 +74,15 @@ class GRPOStep:
             "timing/wake_s": t_wake,
             "timing/generate_tokens_per_s": generated / max(t_generate, 1e-9),
         }
+
+    def play(self, mazes):
+        """The step's episodes: as tensors where the engine plays them so (``rollout=turn_batch``), else
+        trajectories from the driver."""
+        cfg, n = self.cfg, self.algo.n_samples_per_prompt
+        if isinstance(self.run.engine, TurnBatchEngine):
+            return self.run.engine.play(mazes, cfg.env, n, cfg.rollout.temperature, turn_limit(cfg))
+        trajectories = run_rollouts(self.run.engine, self.run.formatter, mazes, cfg.env, n, self.sampling, turn_limit(cfg))
+        return PlayedTrajectories(self.run, trajectories)
 
     def loss(self, logprobs: torch.Tensor, micro: MicroBatch, normalizers: Normalizers):
         algo = self.algo
@@ -103,6 +105,27 @@ class GRPOStep:
         )
         metrics["kl_loss"] = (loss - metrics["pg_loss"]).detach()
         return loss, metrics
+
+
+class PlayedTrajectories:
+    """The driver's trajectories, as ``GRPOStep`` reads a step's episodes (``PlayedBatch``'s interface)."""
+
+    def __init__(self, run: TrainingRun, trajectories):
+        self.run, self.trajectories = run, trajectories
+        self.rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+        self.generated_tokens = sum(len(turn.response_ids) for t in trajectories for turn in t.turns)
+
+    def samples(self, advantages: torch.Tensor, keep: torch.Tensor) -> list[Sample]:
+        window = self.run.cfg.env.history_window
+        return [
+            Sample(sequence, float(advantages[i]), group=t.maze_index, trajectory=i)
+            for i, t in enumerate(self.trajectories)
+            if keep[i]
+            for sequence in training_sequences(self.run.formatter, t, window)
+        ]
+
+    def metrics(self) -> dict[str, float]:
+        return self.run.rollout_metrics(self.trajectories, self.rewards)
 
 
 def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:

@@ -104,6 +104,7 @@ class TrainingRun:
         self.update = PolicyUpdate(
             self.model, self.optimizer, self.scheduler, cfg.algorithm, self.processor.tokenizer.pad_token_id,
             never_generated_ids(self.processor.tokenizer), step_label=lambda: self.step + 1,
+            scorer=getattr(self.engine, "scorer", None),  # an engine that plays as tensors scores its turns too
         )
         self.pinned = load_pinned(cfg.env.pinned_set)[: cfg.eval.num_mazes]
         self.stream = TrainingMazeStream(cfg.env.size, stream_limit(cfg), cfg.seed, pinned_layout_hashes(cfg.env.pinned_set))

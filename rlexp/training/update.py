@@ -20,6 +20,7 @@ metrics are reduced over the ranks. Two ranks thus take the same step as one pro
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from tqdm.auto import tqdm
@@ -74,13 +75,15 @@ LOSS_TERMS = ("pg_loss", "kl_loss")
 
 class PolicyUpdate:
     def __init__(
-        self, model, optimizer, scheduler, algorithm_cfg, pad_id: int, suppressed_ids: list[int], step_label, ranks: World | None = None
+        self, model, optimizer, scheduler, algorithm_cfg, pad_id: int, suppressed_ids: list[int], step_label,
+        ranks: World | None = None, scorer: "Scorer | None" = None,
     ):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.world = ranks or world()
         self.algo = algorithm_cfg
-        self.pad_id = pad_id
-        self.suppressed_ids = suppressed_ids
+        #: how samples become batches and log-probs: token sequences by default; an engine that plays
+        #: episodes as tensors brings its own (``rlexp.rollout.turn_batch.ActionTurnScorer``).
+        self.scorer = scorer or SequenceScorer(model, pad_id, suppressed_ids)
         #: () -> the step number used in error messages.
         self.step_label = step_label
         self.device = next(model.parameters()).device
@@ -105,13 +108,13 @@ class PolicyUpdate:
         the loss is a sum over micro-batches with mini-batch-wide normalizers, so the order changes nothing."""
         tokens_of: dict[int, int] = {}
         for s in samples:
-            tokens_of[s.trajectory] = tokens_of.get(s.trajectory, 0) + sum(s.sequence.loss_mask)
+            tokens_of[s.trajectory] = tokens_of.get(s.trajectory, 0) + self.scorer.tokens(s)
         size = self.algo.micro_batch_size
-        by_length = sorted(samples, key=lambda s: len(s.sequence.token_ids))
+        by_length = sorted(samples, key=self.scorer.width)
         out = []
         for i in range(0, len(by_length), size):
             micro = by_length[i : i + size]
-            batch = collate([s.sequence for s in micro], self.pad_id, self.model.config, self.device)
+            batch = self.scorer.batch(micro, self.device)
             counts = torch.tensor([tokens_of[s.trajectory] for s in micro], dtype=torch.float32, device=self.device)
             out.append(MicroBatch(micro, batch, counts))
         return out
@@ -135,7 +138,7 @@ class PolicyUpdate:
         return next(s for s in offered if s is not None)
 
     def logprobs(self, batch: dict[str, torch.Tensor], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return token_logprobs(self.model, batch, temperature, self.suppressed_ids)
+        return self.scorer.logprobs(batch, temperature)
 
     # -- scoring ------------------------------------------------------------------------------------
 
@@ -163,10 +166,10 @@ class PolicyUpdate:
                 if not real:
                     continue
                 for row, sample in enumerate(micro.samples):
-                    n = len(sample.sequence.token_ids) - 1
+                    n = self.scorer.width(sample)
                     sample.old_logprobs = old[row, :n].cpu()
                     sample.ref_logprobs = None if ref is None else ref[row, :n].cpu()
-                total, count = engine_gap(micro, old)
+                total, count = engine_gap(micro, old, self.scorer)
                 gap_sum += total
                 gap_count += count
         finally:
@@ -239,7 +242,7 @@ class PolicyUpdate:
             # FSDP averages gradients over the ranks; the loss is a share of the global one, so sum them
             (loss * self.world.size).backward()
             if gap is not None:
-                total, count = engine_gap(micro, logprobs)
+                total, count = engine_gap(micro, logprobs, self.scorer)
                 gap[0] += total
                 gap[1] += count
             mask = micro.batch["loss_mask"].bool()
@@ -276,12 +279,54 @@ class PolicyUpdate:
         return sums, token_sums, tokens, ratio_max
 
 
-def engine_gap(micro: MicroBatch, logprobs: torch.Tensor) -> tuple[float, int]:
+def engine_gap(micro: MicroBatch, logprobs: torch.Tensor, scorer: "Scorer") -> tuple[float, int]:
     """Sum and count of |engine − trainer| log-prob over the micro-batch's sampled (loss-masked) tokens."""
     mask = micro.batch["loss_mask"].bool()
-    engine = torch.zeros(mask.shape, dtype=torch.float32)
-    for row, sample in enumerate(micro.samples):
-        recorded = sample.sequence.engine_logprobs[1:]
-        engine[row, : len(recorded)] = torch.tensor(recorded, dtype=torch.float32)
-    delta = engine.to(logprobs.device) - logprobs.detach().float()
+    delta = scorer.engine_logprobs(micro).to(logprobs.device) - logprobs.detach().float()
     return float(delta[mask].abs().sum()), int(mask.sum())
+
+
+class Scorer(Protocol):
+    """What ``PolicyUpdate`` needs to know of its samples."""
+
+    def batch(self, samples: list[Sample], device: torch.device) -> dict[str, torch.Tensor]:
+        """A micro-batch's tensors, holding ``loss_mask`` (B, W)."""
+
+    def logprobs(self, batch: dict[str, torch.Tensor], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, W) log-probs of the batch's tokens (with grad) and their entropies."""
+
+    def width(self, sample: Sample) -> int:
+        """The columns of the sample's row of ``logprobs``."""
+
+    def tokens(self, sample: Sample) -> int:
+        """The sample's loss-masked tokens."""
+
+    def engine_logprobs(self, micro: MicroBatch) -> torch.Tensor:
+        """(B, W) float32 log-probs the engine recorded, aligned with ``logprobs``."""
+
+
+class SequenceScorer:
+    """Samples that hold a ``Sequence`` (token ids, frames, loss mask), scored by the policy's own forward."""
+
+    def __init__(self, model, pad_id: int, suppressed_ids: list[int]):
+        self.model, self.pad_id, self.suppressed_ids = model, pad_id, suppressed_ids
+
+    def batch(self, samples: list[Sample], device: torch.device) -> dict[str, torch.Tensor]:
+        return collate([s.sequence for s in samples], self.pad_id, self.model.config, device)
+
+    def logprobs(self, batch: dict[str, torch.Tensor], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_logprobs(self.model, batch, temperature, self.suppressed_ids)
+
+    def width(self, sample: Sample) -> int:
+        return len(sample.sequence.token_ids) - 1
+
+    def tokens(self, sample: Sample) -> int:
+        return sum(sample.sequence.loss_mask)
+
+    def engine_logprobs(self, micro: MicroBatch) -> torch.Tensor:
+        mask = micro.batch["loss_mask"]
+        engine = torch.zeros(mask.shape, dtype=torch.float32)
+        for row, sample in enumerate(micro.samples):
+            recorded = sample.sequence.engine_logprobs[1:]
+            engine[row, : len(recorded)] = torch.tensor(recorded, dtype=torch.float32)
+        return engine
