@@ -2,7 +2,7 @@
 # The H200 work of issues 9, 10 and 14 as one queue that outlives a device call, for one warm lease:
 #
 #   bash bench/h200_queue.sh start [STEP…]   # after vLLM's install (shared/tools/vllm-offline), in the same call;
-#                                            # STEP: contract vllmbench explore plan update (default: all, in that order)
+#                                            # STEP: contract vllmbench explore plan update grpo (default: all but grpo)
 #   bash bench/h200_queue.sh wait 540 [PAT]  # each later call, back to back: wait up to 540 s (or until PAT shows
 #                                            # in the progress log), then copy the logs and figures to $OUT
 #
@@ -38,6 +38,10 @@ case "${1:-}" in
     step explore python3 bench/maze_exploration.py --checkpoint checkpoints/maze_sft_warm_seed0 --json "$QUEUE/explore.json"
     step plan python3 bench/plan_calibration.py
     step update python3 bench/update_step.py --size 8b --out "$QUEUE"
+    # issue 8: GRPO from the warm start with rollout=turn_batch, two training seeds side by side on the one GPU
+    step grpo bash -c 'for s in 0 1; do OMP_NUM_THREADS=6 python3 -m rlexp experiment=tiny_maze_repro rollout=turn_batch \
+        logger=none cluster.gpu_memory_gb=70 cluster.cpu_memory_gb=32 total_steps=${GRPO_STEPS:-300} seed=$s \
+        run_name=turn_batch_seed$s > '"$QUEUE"'/grpo_seed$s.log 2>&1 & done; wait'
     echo done >> "$QUEUE/progress"
     ;;
   wait)
@@ -45,7 +49,15 @@ case "${1:-}" in
     while [ $SECONDS -lt $end ] && ! grep -q "${3:-^done}" "$QUEUE/progress" 2>/dev/null; do sleep 5; done
     cat "$QUEUE/progress"
     for f in "$QUEUE"/*.log "$QUEUE"/*.json "$QUEUE/gpu.txt"; do [ -f "$f" ] && cp "$f" "${OUT:?}/"; done
-    for f in "$QUEUE"/*.log; do echo "== $f"; tail -c 2500 "$f"; done
+    if [ -d outputs/tiny_maze_repro ]; then  # the GRPO runs' metrics, evals and checkpoints (LoRA adapters, a few MB)
+      (cd outputs/tiny_maze_repro && find . -name metrics.jsonl -o -path '*/eval/*' -o -path '*/policy/*' \
+        | grep -v '/checkpoints/.*/policy/' | tar czf "$OUT/grpo_runs.tgz" -T -)
+      for r in outputs/tiny_maze_repro/*/checkpoints; do  # the newest checkpoint's adapter of each run
+        last=$(ls -d "$r"/global_step_* 2>/dev/null | sort -V | tail -1)
+        [ -n "$last" ] && tar czf "$OUT/$(basename "$(dirname "$r")")_latest.tgz" -C "$(dirname "$r")" "checkpoints/$(basename "$last")/policy"
+      done
+    fi
+    for f in "$QUEUE"/*.log; do echo "== $f"; tail -c 2500 "$f" | tr '\r' '\n' | tail -n 8; done
     ;;
   *) echo "usage: $0 start [STEP...] | wait SECONDS [PATTERN]" >&2; exit 2 ;;
 esac

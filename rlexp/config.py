@@ -699,14 +699,22 @@ def _check_targets(cfg: Any) -> None:
             raise ConfigError(f"{key}._target_={target} cannot be imported (no such module or attribute)") from None
 
 
+def check_turn_batch_env(env_cfg: Any) -> None:
+    """``rollout=turn_batch`` shows one exact-pixel image a turn and reads one action token a reply."""
+    from rlexp.envs.view import ModelView
+
+    view = ModelView.from_config(env_cfg)
+    if env_cfg.history_window != 1:
+        raise ConfigError(f"rollout=turn_batch plays one-image turns: needs env.history_window=1, got {env_cfg.history_window}")
+    if view.image_format != "png":
+        raise ConfigError(f"rollout=turn_batch draws exact-pixel frames: needs env.image_format=png, got {view.image_format}")
+    if view.elicit_verbalization:
+        raise ConfigError("rollout=turn_batch replies with one action token: needs env.elicit_verbalization=false")
+
+
 def _check_turn_batch(cfg: Any) -> None:
     """``rollout=turn_batch`` plays one-image turns in one process, for GRPO."""
-    from rlexp.rollout.turn_batch import check_env
-
-    try:
-        check_env(cfg.env)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    check_turn_batch_env(cfg.env)
     if cfg.algorithm.name.value == "sft":
         raise ConfigError("rollout=turn_batch plays GRPO's episodes; algorithm=sft learns from token sequences: use rollout=hf")
     cluster = cfg.cluster

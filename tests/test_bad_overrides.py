@@ -81,6 +81,12 @@ BAD = [
     (["algorithm.lr=0"], "algorithm.lr"),
     (["algorithm.lr=-1e-5"], "algorithm.lr"),
     (["algorithm.lr=10"], "algorithm.lr"),
+    # rollout=turn_batch plays one exact-pixel image a turn, for GRPO, in one process
+    (["rollout=turn_batch", "env.history_window=2"], "env.history_window"),
+    (["rollout=turn_batch", "env.history_window=1", "env.image_format=jpeg"], "env.image_format"),
+    (["experiment=tiny_maze_repro", "cluster=local_cpu", "rollout=turn_batch", "env.elicit_verbalization=true"], "env.elicit_verbalization"),
+    (["experiment=tiny_maze_repro", "cluster=local_cpu", "rollout=turn_batch", "algorithm=sft"], "algorithm=sft"),
+    (["experiment=tiny_maze_repro", "cluster=gpu_2x", "rollout=turn_batch"], "rollout=turn_batch"),
     (["rollout.temperature=0"], "rollout.temperature"),
     (["rollout.temperature=-0.5"], "rollout.temperature"),
     (["rollout.top_p=0"], "rollout.top_p"),

@@ -30,6 +30,8 @@ ALL_OPTIONS = [(group, option) for group in GROUPS for option in _options(group)
 #: options that compose but describe runs that are not implemented yet: validation refuses them, naming this key.
 REFUSED = {
     ("rollout", "vllm"): "cluster.device",  # vLLM needs the GPU; test_rollout_vllm_validates_on_one_gpu
+    # the default view is VisGym's JPEG history; test_rollout_turn_batch_validates_for_the_repro
+    ("rollout", "turn_batch"): "env.image_format",
 }
 
 
@@ -61,6 +63,10 @@ def test_option_composes_and_validates(group, option):
 
 def test_seed_recipe_validates_on_one_gpu():
     validate(compose_config("experiment=visgym_maze_grpo", "cluster=gpu_1x"))
+
+
+def test_rollout_turn_batch_validates_for_the_repro():
+    validate(compose_config("experiment=tiny_maze_repro", "rollout=turn_batch"))
 
 
 def test_rollout_vllm_validates_on_one_gpu():

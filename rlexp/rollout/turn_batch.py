@@ -21,25 +21,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rlexp.envs import ACTION_EXECUTED, WALL_BUMP, BatchedMazeEnv, Maze, ModelView
+from rlexp.config import check_turn_batch_env
+from rlexp.envs import ACTION_EXECUTED, WALL_BUMP, BatchedMazeEnv, Maze
 from rlexp.envs.gpu_frames import FrameEncoder
 from rlexp.models.fast_policy import FastTurnForward, TurnLayout, freeze_vision_pos_embed, variant_index
 from rlexp.rollout.hf_engine import HFEngine
-from rlexp.training.update import Sample
 
-#: what the engine needs of the env config, beyond what ``BatchedMazeEnv`` reads.
+#: the feedback a valid move can get, in the order of ``TurnLayout``'s rows.
 FEEDBACKS = (ACTION_EXECUTED, WALL_BUMP)
-
-
-def check_env(env_cfg) -> None:
-    """Raise ``ValueError`` naming the setting where ``env_cfg`` is not a one-image, exact-pixel, one-token-reply view."""
-    view = ModelView.from_config(env_cfg)
-    if env_cfg.history_window != 1:
-        raise ValueError(f"rollout=turn_batch plays one-image turns: needs env.history_window=1, got {env_cfg.history_window}")
-    if view.image_format != "png":
-        raise ValueError(f"rollout=turn_batch draws exact-pixel frames: needs env.image_format=png, got {view.image_format}")
-    if view.elicit_verbalization:
-        raise ValueError("rollout=turn_batch replies with one action token: needs env.elicit_verbalization=false")
 
 
 @dataclass
@@ -66,14 +55,10 @@ class PlayedBatch:
     def generated_tokens(self) -> int:
         return 2 * self.num_turns  # the action and <|im_end|>
 
-    def samples(self, advantages: torch.Tensor, keep: torch.Tensor) -> list[Sample]:
-        """One ``Sample`` a turn of every kept episode (GRPO's per-turn sequences at a history window of 1)."""
+    def sequences(self) -> list[tuple[ActionTurn, int]]:
+        """(training sequence, episode) for each turn: GRPO's per-turn sequences at a history window of 1."""
         episodes, turns = self.taken.nonzero(as_tuple=True)
-        out = []
-        for e, t in zip(episodes.tolist(), turns.tolist()):
-            if keep[e]:
-                out.append(Sample(ActionTurn(self, e, t), float(advantages[e]), group=e // self.samples_per_maze, trajectory=e))
-        return out
+        return [(ActionTurn(self, e, t), e) for e, t in zip(episodes.tolist(), turns.tolist())]
 
     def metrics(self) -> dict[str, float]:
         """``rollout/…`` as ``rlexp.rollout.driver.rollout_metrics`` names them."""
@@ -108,7 +93,7 @@ class TurnBatchEngine(HFEngine):
 
     def prepare(self, env_cfg) -> None:
         """The layout, frame encoder and fast forward of ``env_cfg``'s turns (built once per setting)."""
-        check_env(env_cfg)
+        check_turn_batch_env(env_cfg)
         key = (env_cfg.size, env_cfg.cell_px, env_cfg.max_steps, str(env_cfg.prompt.value), str(env_cfg.action_format.value))
         if self._built is not None and self._built[0] == key:
             return
@@ -195,7 +180,7 @@ class ActionTurnScorer:
     def __init__(self, engine: TurnBatchEngine):
         self.engine = engine
 
-    def batch(self, samples: list[Sample], device) -> dict[str, torch.Tensor]:
+    def batch(self, samples: list, device) -> dict[str, torch.Tensor]:
         played = samples[0].sequence.played
         episode = torch.tensor([s.sequence.episode for s in samples], device=played.walls.device)
         turn = torch.tensor([s.sequence.turn for s in samples], device=played.walls.device)
@@ -216,10 +201,10 @@ class ActionTurnScorer:
         entropy = -(logp.exp() * logp).sum(-1, keepdim=True)
         return logp.gather(1, batch["actions"][:, None]), entropy.detach()
 
-    def width(self, sample: Sample) -> int:
+    def width(self, sample) -> int:
         return 1
 
-    def tokens(self, sample: Sample) -> int:
+    def tokens(self, sample) -> int:
         return 1
 
     def engine_logprobs(self, micro) -> torch.Tensor:

@@ -48,7 +48,8 @@ class GRPOStep:
         keep = torch.ones_like(rewards, dtype=torch.bool)
         if algo.drop_zero_variance_groups:
             keep = nonzero_variance_groups(rewards, algo.n_samples_per_prompt)
-        samples = played.samples(advantages, keep)
+        n = algo.n_samples_per_prompt  # episodes are maze-major: episode i plays maze i // n
+        samples = [Sample(seq, float(advantages[i]), group=i // n, trajectory=i) for seq, i in played.sequences() if keep[i]]
         metrics: dict[str, float] = {}
         t_train = 0.0
         n_samples = run.world.sum([len(samples)])[0]
@@ -115,14 +116,9 @@ class PlayedTrajectories:
         self.rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
         self.generated_tokens = sum(len(turn.response_ids) for t in trajectories for turn in t.turns)
 
-    def samples(self, advantages: torch.Tensor, keep: torch.Tensor) -> list[Sample]:
+    def sequences(self) -> list:
         window = self.run.cfg.env.history_window
-        return [
-            Sample(sequence, float(advantages[i]), group=t.maze_index, trajectory=i)
-            for i, t in enumerate(self.trajectories)
-            if keep[i]
-            for sequence in training_sequences(self.run.formatter, t, window)
-        ]
+        return [(seq, i) for i, t in enumerate(self.trajectories) for seq in training_sequences(self.run.formatter, t, window)]
 
     def metrics(self) -> dict[str, float]:
         return self.run.rollout_metrics(self.trajectories, self.rewards)
