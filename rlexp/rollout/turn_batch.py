@@ -89,13 +89,14 @@ class TurnBatchEngine(HFEngine):
         self.base = model.get_base_model() if hasattr(model, "get_base_model") else model
         freeze_vision_pos_embed(self.base)
         self.scorer = ActionTurnScorer(self)
-        self._built: tuple | None = None
+        #: the env settings the layout, encoder and fast forward were built for.
+        self._built_for: tuple | None = None
 
     def prepare(self, env_cfg) -> None:
         """The layout, frame encoder and fast forward of ``env_cfg``'s turns (built once per setting)."""
         check_turn_batch_env(env_cfg)
         key = (env_cfg.size, env_cfg.cell_px, env_cfg.max_steps, str(env_cfg.prompt.value), str(env_cfg.action_format.value))
-        if self._built is not None and self._built[0] == key:
+        if self._built_for == key:
             return
         size, cell_px, max_steps, prompt, action_format = key
         device = self.device
@@ -106,7 +107,7 @@ class TurnBatchEngine(HFEngine):
         corner[0, 1:-1, 1:-1] = False
         pixel_values, grid = self.encoder.encode(corner, torch.tensor([[1, 1]]), torch.tensor([[1, 2]]))
         self.fast = FastTurnForward(self.base, self.layout, pixel_values, grid)
-        self._built = (key,)
+        self._built_for = key
 
     def action_logits(self, walls, positions, goals, variants, actions=None) -> torch.Tensor:
         """(B, 5) logits of the five action tokens at each turn's reply; ``actions`` are written into the
@@ -163,7 +164,7 @@ class TurnBatchEngine(HFEngine):
                 step_actions[active] = action.cpu().numpy()
                 result = env.step(step_actions)
                 bumped = np.array([f == WALL_BUMP for f in result.feedback])
-                ended = result.done & np.isin(np.arange(n), active)
+                ended = result.done & result.active
                 rewards[ended] = result.reward[ended]
         finally:
             self.model.train(was_training)
