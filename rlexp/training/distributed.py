@@ -16,8 +16,11 @@ and the sharded part of a checkpoint.
 """
 
 import datetime
+import faulthandler
 import logging
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -229,10 +232,31 @@ class RankFailedError(RuntimeError):
     """One rank of a distributed run failed; the others were stopped. The message names the rank."""
 
 
+#: lines of a crashed rank's Python stacks (``faulthandler``'s dump) that ``RankFailedError`` quotes.
+FAULT_LINES = 40
+
+
+def _dumping_faults(fault_dir: str, entrypoint: Callable[..., Any], *args: Any) -> Any:
+    """A rank's ``entrypoint(*args)``, with ``faulthandler`` first pointed at ``<fault_dir>/rank<RANK>.txt``: a
+    rank that dies of a signal (SIGABRT from C++, SIGSEGV) leaves every thread's Python stack there, and
+    ``launch`` quotes it, since such a rank writes no error file and its stderr may be long gone."""
+    dump = open(Path(fault_dir) / f"rank{os.environ['RANK']}.txt", "w")  # open until the process ends
+    faulthandler.enable(file=dump, all_threads=True)
+    return entrypoint(*args)
+
+
+def _fault_dump(fault_dir: str, rank: int) -> str:
+    path = Path(fault_dir) / f"rank{rank}.txt"
+    dump = path.read_text(errors="replace") if path.is_file() else ""
+    stacks = dump.split("\nExtension modules:")[0].strip()  # the list of loaded C modules says nothing here
+    return "\n".join(stacks.splitlines()[:FAULT_LINES])
+
+
 def launch(entrypoint: Callable[..., Any], nprocs: int, *args: Any) -> Any:
     """Run ``entrypoint(*args)`` in ``nprocs`` local processes, one per rank, as ``torchrun --standalone``
     would (same environment variables, same elastic agent); rank 0's return value. If any rank fails, the
-    agent stops the rest and this raises ``RankFailedError`` naming the first failed rank and its error."""
+    agent stops the rest and this raises ``RankFailedError`` naming the first failed rank and its error
+    (for a rank killed by a signal, the Python stacks it died in, when it could still write them)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -240,12 +264,17 @@ def launch(entrypoint: Callable[..., Any], nprocs: int, *args: Any) -> Any:
         min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"rlexp-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d",
         rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.2, start_method="spawn",
     )
+    fault_dir = tempfile.mkdtemp(prefix="rlexp-ranks-")
     try:
-        results = elastic_launch(config, entrypoint)(*args)
+        results = elastic_launch(config, _dumping_faults)(fault_dir, entrypoint, *args)
     except ChildFailedError as error:
         rank, failure = error.get_first_failure()
         reason = failure.message if isinstance(failure.message, str) else failure.message.get("message", failure.message)
         if failure.signal_name() not in ("", "<N/A>"):
             reason = f"killed by {failure.signal_name()}"
+            if stacks := _fault_dump(fault_dir, rank):
+                reason += f"; its Python stacks:\n{stacks}"
         raise RankFailedError(f"rank {rank} of {nprocs} failed (exit code {failure.exitcode}): {reason}") from None
+    finally:
+        shutil.rmtree(fault_dir, ignore_errors=True)
     return results[0]

@@ -129,3 +129,17 @@ def _without_timing(line: str) -> dict:
     import json
 
     return {k: v for k, v in json.loads(line).items() if not k.startswith("timing/") and k not in ("time", "timestamp")}
+
+
+def test_a_rank_killed_by_a_signal_is_named_with_the_python_stack_it_died_in():
+    with pytest.raises(distributed.RankFailedError) as failed:
+        distributed.launch(_abort_on_rank_1, 2)
+    message = str(failed.value)
+    assert re.match(r"rank 1 of 2 failed \(exit code -6\): killed by SIGABRT; its Python stacks:", message), message
+    assert "in _abort_on_rank_1" in message, message
+
+
+def _abort_on_rank_1() -> None:
+    if os.environ["RANK"] == "1":
+        os.abort()  # what a C++ std::terminate does
+    time.sleep(60)  # stopped by the launcher long before this
