@@ -195,13 +195,15 @@ HF_ENGINE, VLLM_ENGINE = "rlexp.rollout.hf_engine.HFEngine", "rlexp.rollout.vllm
 TURN_BATCH_ENGINE = "rlexp.rollout.turn_batch.TurnBatchEngine"
 ENGINE_OPTIONS = {
     HF_ENGINE: ("static_cache",),
-    TURN_BATCH_ENGINE: ("static_cache",),  # its generate (evaluation) is HFEngine's
+    TURN_BATCH_ENGINE: ("static_cache", "autocast"),  # its generate (evaluation) is HFEngine's
     VLLM_ENGINE: ("gpu_memory_utilization", "sleep_level", "max_model_len", "max_images_per_prompt", "seed", "enforce_eager", "dtype"),
 }
 #: ``rollout.engine.sleep_level``: 0 never sleeps, 1 moves the weights to host memory; auto measures the
 #: first update and picks 0 or 1. vLLM's level 2 (drop the weights, read them again on waking) is not
 #: offered: with LoRA enabled its ``reload_weights`` fails (vllm-project/vllm#39934, still open in 0.22.1).
 SLEEP_LEVELS = ("auto", "0", "1")
+#: ``rollout.engine.autocast`` (turn_batch): the dtype its play and scoring forward runs in under torch.autocast.
+AUTOCAST_DTYPES = ("bfloat16", "float16")
 #: ``rollout.engine.dtype`` (vllm): auto serves in the policy's dtype, but a float32 policy with LoRA in bfloat16.
 ENGINE_DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -214,6 +216,9 @@ class EngineConfig:
     _target_: str = HF_ENGINE
     #: hf: transformers' static KV cache (measured 2.6x faster for the 8B model on an H200).
     static_cache: Optional[bool] = None
+    #: turn_batch: play and score under torch.autocast in this dtype (bfloat16 | float16), master weights and
+    #: evaluation as the policy's dtype; null: no autocast.
+    autocast: Optional[str] = ranged(None, choices=AUTOCAST_DTYPES)
     #: vllm: the share of the GPU's memory vLLM may take (weights, activations, KV cache).
     gpu_memory_utilization: Optional[float] = ranged(None, "(0, 1]")
     #: vllm: how the engine frees memory for the trainer's update: auto | 0 | 1 (see SLEEP_LEVELS).

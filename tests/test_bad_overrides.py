@@ -87,6 +87,8 @@ BAD = [
     (["experiment=tiny_maze_repro", "cluster=local_cpu", "rollout=turn_batch", "env.elicit_verbalization=true"], "env.elicit_verbalization"),
     (["experiment=tiny_maze_repro", "cluster=local_cpu", "rollout=turn_batch", "algorithm=sft"], "algorithm=sft"),
     (["experiment=tiny_maze_repro", "cluster=gpu_2x", "rollout=turn_batch"], "rollout=turn_batch"),
+    (["experiment=tiny_maze_repro", "cluster=local_cpu", "rollout=turn_batch", "rollout.engine.autocast=float64"], "rollout.engine.autocast"),
+    (["rollout.engine.autocast=bfloat16"], "rollout.engine.autocast"),  # the hf engine does not read it
     (["rollout.temperature=0"], "rollout.temperature"),
     (["rollout.temperature=-0.5"], "rollout.temperature"),
     (["rollout.top_p=0"], "rollout.top_p"),

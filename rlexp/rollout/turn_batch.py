@@ -84,8 +84,11 @@ class ActionTurn:
 class TurnBatchEngine(HFEngine):
     """``HFEngine`` (for evaluation and any other ``generate``) that plays training episodes as tensors."""
 
-    def __init__(self, model, processor, static_cache: bool = False):
+    def __init__(self, model, processor, static_cache: bool = False, autocast: str | None = None):
+        """``autocast``: the dtype (``bfloat16``) the fast forward of play and scoring runs in under
+        ``torch.autocast``; the same forward for both, so the update's log-probs still equal the engine's."""
         super().__init__(model, processor, static_cache=static_cache)
+        self.autocast_dtype = getattr(torch, autocast) if autocast else None
         self.base = model.get_base_model() if hasattr(model, "get_base_model") else model
         freeze_vision_pos_embed(self.base)
         self.scorer = ActionTurnScorer(self)
@@ -114,7 +117,8 @@ class TurnBatchEngine(HFEngine):
         reply (they do not change these logits, which come before them)."""
         pixel_values, _ = self.encoder.encode(walls, positions, goals)
         ids, predict = self.layout.batch(variants, actions)
-        logits = self.fast(ids, pixel_values, predict[:, None])[:, 0]
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+            logits = self.fast(ids, pixel_values, predict[:, None])[:, 0]
         return logits[:, self.layout.action_token_ids].float()
 
     @torch.no_grad()

@@ -3,6 +3,8 @@ turn as it was sampled."""
 
 from pathlib import Path
 
+import numpy as np
+import numpy as np
 import pytest
 import torch
 
@@ -42,11 +44,12 @@ def test_greedy_play_is_the_drivers_greedy_episode():
     assert 0 < int(played.success.sum()) < len(mazes)  # both outcomes are compared
 
 
-def test_a_grpo_step_scores_what_it_sampled_and_learns(tmp_path):
-    """Two mini-batches, so the old log-probs are scored before the update: they equal the sampled ones,
-    and the step moves the LoRA weights."""
+@pytest.mark.parametrize("autocast", ["null", "bfloat16"])
+def test_a_grpo_step_scores_what_it_sampled_and_learns(tmp_path, autocast):
+    """Two mini-batches, so the old log-probs are scored before the update: they equal the sampled ones
+    (under autocast too: play and scoring run the same forward), and the step moves the LoRA weights."""
     cfg = compose_config(
-        *REPRO, "algorithm.train_batch_size=2", "algorithm.n_samples_per_prompt=4", "algorithm.policy_mini_batch_size=1",
+        *REPRO, f"rollout.engine.autocast={autocast}", "algorithm.train_batch_size=2", "algorithm.n_samples_per_prompt=4", "algorithm.policy_mini_batch_size=1",
         "algorithm.micro_batch_size=32",
     )
     run = TrainingRun(cfg, tmp_path, Trackers([]))
@@ -62,3 +65,22 @@ def test_a_grpo_step_scores_what_it_sampled_and_learns(tmp_path):
     assert all(v == v and abs(v) != float("inf") for v in metrics.values())
     moved = [n for n, p in run.model.named_parameters() if p.requires_grad and not torch.equal(p.detach(), lora[n])]
     assert moved
+
+
+def test_autocast_runs_the_fast_forward_in_bfloat16():
+    """``rollout.engine.autocast=bfloat16`` changes the forward's numbers (so it is applied), not its moves."""
+    cfg = compose_config(*REPRO)
+    model, processor = load_policy(cfg.model, "cpu")
+    exact, autocast = TurnBatchEngine(model, processor), TurnBatchEngine(model, processor, autocast="bfloat16")
+    mazes = load_pinned("maze_easy")[:8]
+    walls = torch.tensor(np.stack([m.grid for m in mazes]))
+    positions, goals = torch.tensor([m.start for m in mazes]), torch.tensor([m.goal for m in mazes])
+    variants = torch.zeros(len(mazes), dtype=torch.long)
+    logits = []
+    for engine in (exact, autocast):
+        engine.prepare(cfg.env)
+        with torch.no_grad():
+            logits.append(engine.action_logits(walls, positions, goals, variants))
+    assert not torch.equal(logits[0], logits[1])
+    torch.testing.assert_close(logits[1], logits[0], atol=0.25, rtol=0)  # measured: 0.1 at most, logits up to 8
+    assert torch.equal(logits[0].argmax(-1), logits[1].argmax(-1))
