@@ -84,3 +84,24 @@ def test_autocast_runs_the_fast_forward_in_bfloat16():
     assert not torch.equal(logits[0], logits[1])
     torch.testing.assert_close(logits[1], logits[0], atol=0.25, rtol=0)  # measured: 0.1 at most, logits up to 8
     assert torch.equal(logits[0].argmax(-1), logits[1].argmax(-1))
+
+
+
+
+def test_a_grpo_step_with_a_kl_term_scores_the_reference_through_the_fast_forward(tmp_path):
+    """``algorithm.kl_coef > 0``: the reference is the policy with its adapter off, scored by the same fast
+    forward. With the adapter moved off zero before the step, the policy differs from the reference at the
+    step's first (only) optimizer step already: a reference scored with the adapter on would give KL 0."""
+    cfg = compose_config(
+        *REPRO, "algorithm.kl_coef=0.5", "algorithm.train_batch_size=2", "algorithm.n_samples_per_prompt=4",
+        "algorithm.policy_mini_batch_size=2", "algorithm.micro_batch_size=32",
+    )
+    run = TrainingRun(cfg, tmp_path, Trackers([]))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in run.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    metrics = GRPOStep(run)()
+    assert metrics["train/optimizer_steps"] == 1 and metrics["rollout/logprob_gap"] < 1e-5
+    assert metrics["train/kl"] > 1e-6 and metrics["train/kl_loss"] > 0, metrics
