@@ -38,6 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlexp.cluster import RAY_JOB_PAYLOAD
 from rlexp.config import ConfigError
 from rlexp.runtime import hydra_context, run_dir_of
+from rlexp.tracking.base import GIT_COMMIT_ENV, git_commit
 
 log = logging.getLogger(__name__)
 
@@ -167,9 +168,13 @@ def named_env_vars(cfg: DictConfig) -> dict[str, str]:
 
 
 def job_env_vars(cfg: DictConfig, payload: str) -> dict[str, str]:
-    """The run, and the stop wait: ``ray job stop`` leaves the ranks ``preempt_grace_s`` to checkpoint
-    before Ray's SIGKILL (Ray's job supervisor reads it from the job's runtime env)."""
-    return {RAY_JOB_PAYLOAD: payload, "RAY_JOB_STOP_WAIT_TIME_S": str(math.ceil(cfg.preempt_grace_s) + 30)}
+    """The run; the stop wait: ``ray job stop`` leaves the ranks ``preempt_grace_s`` to checkpoint before
+    Ray's SIGKILL (Ray's job supervisor reads it from the job's runtime env); and this checkout's commit,
+    which the job's trackers tag the run with (its working dir is a copy without ``.git``)."""
+    env = {RAY_JOB_PAYLOAD: payload, "RAY_JOB_STOP_WAIT_TIME_S": str(math.ceil(cfg.preempt_grace_s) + 30)}
+    if commit := git_commit():
+        env[GIT_COMMIT_ENV] = commit
+    return env
 
 
 def follow(client, job_id: str) -> str:

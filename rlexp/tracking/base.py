@@ -211,8 +211,16 @@ def run_info(run_dir: Path, config: DictConfig) -> dict[str, Any]:
     return {"run_name": run_name, "experiment": experiment or run_dir.parent.name, "group": group, "tags": tags}
 
 
+#: the commit of the checkout that submitted this process's code, where that code is a copy without ``.git``
+#: (a Ray job's working dir): set by ``rlexp.cluster.ray_jobs`` in the job's environment.
+GIT_COMMIT_ENV = "RLEXP_GIT_COMMIT"
+
+
 def git_commit() -> str | None:
-    """HEAD of the repository this package is imported from, or None (not a checkout, no git)."""
+    """The submitting checkout's commit (``$RLEXP_GIT_COMMIT``), else HEAD of the repository this package is
+    imported from, or None (not a checkout, no git)."""
+    if commit := os.environ.get(GIT_COMMIT_ENV):
+        return commit
     try:
         result = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10

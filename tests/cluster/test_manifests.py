@@ -9,6 +9,7 @@ import yaml
 
 from conftest import REPO, compose_config
 from rlexp.cli import group_options
+from rlexp.tracking.base import GIT_COMMIT_ENV, git_commit
 
 GPU_CLUSTERS = [c for c in group_options("cluster") if compose_config(f"cluster={c}").cluster.gpus_per_node > 0]
 
@@ -82,7 +83,8 @@ def test_rayjob_runs_this_config_on_the_same_cluster(option, manifests):
     assert spec["entrypoint"] == "python -m rlexp.ray_job" and spec["shutdownAfterJobFinishes"] is True
     assert spec["rayClusterSpec"] == raycluster["spec"]
     env_vars = yaml.safe_load(spec["runtimeEnvYAML"])["env_vars"]
-    assert set(env_vars) == {"RLEXP_RAY_JOB", "RAY_JOB_STOP_WAIT_TIME_S"}  # nothing from this shell
+    assert set(env_vars) == {"RLEXP_RAY_JOB", "RAY_JOB_STOP_WAIT_TIME_S", GIT_COMMIT_ENV}  # nothing from this shell
+    assert env_vars[GIT_COMMIT_ENV] == git_commit()  # the commit the job's trackers tag the run with
     payload = yaml.safe_load(env_vars["RLEXP_RAY_JOB"])
     assert payload["config"]["task"] == "train" and payload["config"]["cluster"]["launcher"] == "ray"
     assert payload["run_dir"].startswith(payload["config"]["cluster"]["shared_storage"])

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from e2e_support import QUICK, REPO, logged_steps, own_env
+from rlexp.tracking.base import GIT_COMMIT_ENV, git_commit
 
 ray = pytest.importorskip("ray", reason="the Ray tests need ray[default] (pip install 'rlexp[ray]')")
 pytestmark = pytest.mark.slow
@@ -106,6 +107,7 @@ def test_a_tiny_run_on_two_ray_workers_lands_its_run_dir_eval_and_mlflow_run_the
     assert _state(job.status) == "SUCCEEDED"
     env_vars = job.runtime_env["env_vars"]
     assert env_vars["RLEXP_TEST_VAR"] == "travels"
+    assert env_vars[GIT_COMMIT_ENV] == git_commit() is not None  # its working dir is a copy without .git
     assert "WANDB_API_KEY" not in env_vars and "pip" not in job.runtime_env
     assert job.runtime_env["working_dir"].startswith("gcs://")
 
@@ -117,6 +119,7 @@ def test_a_tiny_run_on_two_ray_workers_lands_its_run_dir_eval_and_mlflow_run_the
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert [m.step for m in tracking.get_metric_history(runs[0].info.run_id, "train/loss")] == [1, 2]
     assert runs[0].data.tags.get("choice.cluster") == "ray_cpu"
+    assert runs[0].data.tags.get("git_commit") == git_commit()
 
     # the same config again: Ray knows the run finished, nothing is submitted
     second = _submit(ray_head, run_dir, env, *overrides)
