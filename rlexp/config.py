@@ -161,6 +161,10 @@ class LrSchedulerConfig:
     _partial_: bool = True
 
 
+#: ``algorithm.old_logprobs``: where GRPO's old log-probs come from.
+OLD_LOGPROB_SOURCES = ("trainer", "engine")
+
+
 @dataclass
 class AlgorithmConfig:
     name: AlgorithmName = AlgorithmName.grpo
@@ -177,6 +181,12 @@ class AlgorithmConfig:
     lr_scheduler: LrSchedulerConfig = field(default_factory=LrSchedulerConfig)
     lr_warmup_steps: int = ranged(0, "[0, inf)")
     epochs_per_step: int = ranged(1, "[1, 100]")
+    #: the PPO ratio's old log-probs: ``trainer`` scores the samples before the update (a forward pass over
+    #: all of them, skipped when the step is one optimizer step with no reference); ``engine`` takes the
+    #: log-probs the engine recorded while sampling, with no such pass. Sound where the engine computes
+    #: them as the trainer does (rollout=turn_batch: the same forward); ``rollout/logprob_gap`` is then
+    #: measured on the first mini-batch, before any optimizer step.
+    old_logprobs: str = ranged("trainer", choices=OLD_LOGPROB_SOURCES)
     #: the ratio is clipped to [1 - eps_low, 1 + eps_high].
     eps_low: float = ranged(0.2, "(0, 1)")
     eps_high: float = ranged(0.2, "(0, 10]")

@@ -32,6 +32,8 @@ class GRPOStep:
         self.algo = run.cfg.algorithm
         r = self.cfg.rollout
         self.sampling = SamplingParams(r.temperature, r.top_p, r.max_new_tokens_per_turn, stop_strings(self.cfg.env.action_format.value))
+        #: the PPO ratio's old log-probs are the engine's, as sampled (``algorithm.old_logprobs=engine``).
+        self.engine_old_logprobs = self.algo.old_logprobs == "engine"
         #: Dr. GRPO's constant: the most tokens one trajectory can generate.
         self.max_seq_len = turn_limit(self.cfg) * r.max_new_tokens_per_turn
 
@@ -56,11 +58,13 @@ class GRPOStep:
         if n_samples:  # on every rank or none: scoring and the update are collectives under FSDP2
             reference = algo.kl_coef > 0
             t_score = 0.0
-            on_policy = run.update.exactly_on_policy(samples, reference)
-            if not on_policy:  # else the update's own forward gives the old log-probs (and the gap)
+            # unscored: the update's own forward gives the old log-probs, or the engine's are taken (and the
+            # update's first forward gives the gap)
+            unscored = run.update.exactly_on_policy(samples, reference) or (self.engine_old_logprobs and not reference)
+            if not unscored:
                 (gap, t_score) = timed(run.update.score, samples, self.cfg.rollout.temperature, reference=reference)
                 metrics.update(gap)
-            update, t_train = timed(run.update.run, samples, self.loss, self.cfg.rollout.temperature, measure_gap=on_policy)
+            update, t_train = timed(run.update.run, samples, self.loss, self.cfg.rollout.temperature, measure_gap=unscored)
             metrics.update(update)
             metrics["timing/score_s"] = t_score
         _, t_wake = timed(run.engine.wake_up)
@@ -89,7 +93,9 @@ class GRPOStep:
         algo = self.algo
         device = logprobs.device
         width = logprobs.shape[1]
-        if micro.samples[0].old_logprobs is None:  # exactly on policy (PolicyUpdate.exactly_on_policy)
+        if self.engine_old_logprobs:
+            old = self.run.update.scorer.engine_logprobs(micro).to(device)
+        elif micro.samples[0].old_logprobs is None:  # exactly on policy (PolicyUpdate.exactly_on_policy)
             old = logprobs.detach()
         else:
             old = _pad_rows([s.old_logprobs for s in micro.samples], width).to(device)

@@ -181,7 +181,8 @@ class PolicyUpdate:
 
     def run(self, samples: list[Sample], loss_fn: LossFn, temperature: float, measure_gap: bool = False) -> dict[str, float]:
         """``epochs_per_step`` passes over the mini-batches, one optimizer step each; ``measure_gap``: report
-        ``rollout/logprob_gap`` from the update's own forward (for an exactly on-policy step, unscored)."""
+        ``rollout/logprob_gap`` from the update's own forward of the first mini-batch, the one taken with the
+        policy that sampled (for a step that was not scored)."""
         mini_batches = self.mini_batches(samples)
         sums: dict[str, float] = {}
         token_sums: dict[str, float] = {}
@@ -192,7 +193,7 @@ class PolicyUpdate:
         self.model.train()
         for _ in range(self.algo.epochs_per_step):
             for mini_batch in tqdm(mini_batches, desc="update", unit="mini-batch", leave=False):
-                stats, token_stats, n, r_max = self._optimizer_step(mini_batch, loss_fn, temperature, gap)
+                stats, token_stats, n, r_max = self._optimizer_step(mini_batch, loss_fn, temperature, gap if steps == 0 else None)
                 for key, value in stats.items():
                     sums[key] = sums.get(key, 0.0) + value
                 for key, value in token_stats.items():

@@ -105,3 +105,30 @@ def test_a_grpo_step_with_a_kl_term_scores_the_reference_through_the_fast_forwar
     metrics = GRPOStep(run)()
     assert metrics["train/optimizer_steps"] == 1 and metrics["rollout/logprob_gap"] < 1e-5
     assert metrics["train/kl"] > 1e-6 and metrics["train/kl_loss"] > 0, metrics
+
+
+def test_the_engines_old_logprobs_give_the_trainers_update_without_its_scoring_pass(tmp_path):
+    """``algorithm.old_logprobs=engine``: the log-probs recorded in play stand for the scoring pass, which
+    turn_batch makes with the same forward. The same step (same seed, two mini-batches) takes the same
+    update either way, and with ``engine`` no scoring pass runs."""
+    overrides = (
+        *REPRO, "algorithm.train_batch_size=2", "algorithm.n_samples_per_prompt=4", "algorithm.policy_mini_batch_size=1",
+        "algorithm.micro_batch_size=32",
+    )
+    steps, updates = {}, {}
+    for source in ("trainer", "engine"):
+        run = TrainingRun(compose_config(*overrides, f"algorithm.old_logprobs={source}"), tmp_path / source, Trackers([]))
+        lora = [p for p in run.model.parameters() if p.requires_grad]
+        before = torch.cat([p.detach().flatten() for p in lora])
+        steps[source] = GRPOStep(run)()
+        updates[source] = torch.cat([p.detach().flatten() for p in lora]) - before
+    trainer, engine = steps["trainer"], steps["engine"]
+    assert trainer["timing/score_s"] > 0 and engine["timing/score_s"] == 0
+    assert engine["train/optimizer_steps"] == 2 and engine["rollout/logprob_gap"] < 1e-5
+    assert trainer["train/grad_norm"] > 0  # a step with a gradient is compared
+    for key in ("train/loss", "train/pg_loss", "train/ratio_mean", "train/clip_frac", "train/grad_norm"):
+        assert engine[key] == pytest.approx(trainer[key], rel=1e-4, abs=1e-6), key
+    # Adam divides by the gradient's size: where a gradient is ~0, summation-order noise of 1e-7 in the old
+    # log-probs moves a weight by up to the lr, so the updates are compared as a whole
+    cosine = torch.nn.functional.cosine_similarity(updates["engine"], updates["trainer"], dim=0)
+    assert cosine > 0.999, float(cosine)
