@@ -132,6 +132,10 @@ class EnvConfig:
     action_format: ActionFormat = ActionFormat.visgym_tuple
     prompt: PromptStyle = PromptStyle.visgym
     terminate_on_goal: bool = False
+    #: GRPO's training mazes only: draw those whose expert takes at least this many steps (stop included),
+    #: e.g. 17 = only the 16-move mazes of maze_easy; null = every maze solvable within the turn limit.
+    #: Evaluation always plays the pinned set.
+    train_min_expert_length: Optional[int] = ranged(None, "[1, 1000]")
     #: share of the reward given for well-formed actions; 0 = the true task reward alone.
     format_reward: float = ranged(0.0, "[0, 1)")
     #: which pinned 64-maze set evaluation reads (``rlexp.envs.PINNED_SETS``).
@@ -645,6 +649,12 @@ def _check_algorithm(cfg: Any) -> None:
         raise ConfigError(
             f"rollout.max_turns={rollout.max_turns} exceeds env.max_steps={cfg.env.max_steps}; "
             "an episode cannot take more turns than the env allows"
+        )
+    shortest_allowed = cfg.env.train_min_expert_length
+    if shortest_allowed is not None and shortest_allowed > min(cfg.env.max_steps, rollout.max_turns):
+        raise ConfigError(
+            f"env.train_min_expert_length={shortest_allowed} exceeds the turn limit "
+            f"min(env.max_steps={cfg.env.max_steps}, rollout.max_turns={rollout.max_turns}); no training maze would fit"
         )
     if algo.name == AlgorithmName.sft:
         for key, needed in GRPO_ONLY.items():

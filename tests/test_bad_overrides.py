@@ -134,6 +134,8 @@ BAD = [
     (["algorithm.epochs_per_step=1000"], "algorithm.epochs_per_step"),
     (["rollout.max_turns=0"], "rollout.max_turns"),
     (["rollout.max_turns=25"], "rollout.max_turns"),
+    (["env.train_min_expert_length=0"], "env.train_min_expert_length"),
+    (["env.train_min_expert_length=17", "rollout.max_turns=16"], "env.train_min_expert_length"),
     (["rollout.max_new_tokens_per_turn=0"], "rollout.max_new_tokens_per_turn"),
     (["rollout.max_new_tokens_per_turn=1000000"], "rollout.max_new_tokens_per_turn"),
     (["env.size=8"], "env.size"),

@@ -118,11 +118,18 @@ class TrainingMazeStream:
     """Deterministic endless stream of training mazes that never coincide with a pinned maze.
 
     Position ``i`` uses generator seed ``(seed + 1) * 2**32 + i`` (disjoint from pinned seeds), and a
-    maze is skipped if its expert does not fit ``max_steps`` or its ``layout_hash`` is excluded
-    (default: every pinned set). Save ``state_dict()`` with a checkpoint to resume the stream.
+    maze is skipped if its expert does not fit ``max_steps``, takes fewer than ``min_expert_length``
+    steps (stop included), or its ``layout_hash`` is excluded (default: every pinned set). Save
+    ``state_dict()`` with a checkpoint to resume the stream.
     """
 
-    def __init__(self, size: int, max_steps: int, seed: int = 0, exclude_hashes: Iterable[str] | None = None):
+    #: consecutive draws without a fitting maze after which the length window counts as empty.
+    MAX_MISSES = 10_000
+
+    def __init__(
+        self, size: int, max_steps: int, seed: int = 0, exclude_hashes: Iterable[str] | None = None,
+        min_expert_length: int = 0,
+    ):
         if not 0 <= seed < 2**31:
             raise ValueError(f"stream seed must be in [0, 2**31), got {seed}")
         if exclude_hashes is None:
@@ -130,6 +137,7 @@ class TrainingMazeStream:
         self.size = size
         self.max_steps = max_steps
         self.seed = seed
+        self.min_expert_length = min_expert_length
         self.exclude_hashes = frozenset(exclude_hashes)
         self.position = 0
 
@@ -138,19 +146,30 @@ class TrainingMazeStream:
 
     def next_batch(self, n: int) -> list[Maze]:
         batch: list[Maze] = []
+        misses = 0
         while len(batch) < n:
             maze = generate_maze(self.size, self.maze_seed(self.position))
             self.position += 1
-            if len(expert_actions(maze)) <= self.max_steps and maze.layout_hash() not in self.exclude_hashes:
+            if self.min_expert_length <= len(expert_actions(maze)) <= self.max_steps and maze.layout_hash() not in self.exclude_hashes:
                 batch.append(maze)
+                misses = 0
+            elif (misses := misses + 1) >= self.MAX_MISSES:
+                raise ValueError(
+                    f"none of {misses} {self.size}x{self.size} mazes drawn in a row has an expert of "
+                    f"{self.min_expert_length}..{self.max_steps} steps (stop included); widen the window"
+                )
         return batch
 
     def state_dict(self) -> dict[str, int]:
-        return {"size": self.size, "max_steps": self.max_steps, "seed": self.seed, "position": self.position}
+        return {
+            "size": self.size, "max_steps": self.max_steps, "seed": self.seed,
+            "min_expert_length": self.min_expert_length, "position": self.position,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         mine = self.state_dict()
-        for key in ("size", "max_steps", "seed"):
+        state = {"min_expert_length": 0, **state}  # streams saved before the key existed drew every length
+        for key in ("size", "max_steps", "seed", "min_expert_length"):
             if state[key] != mine[key]:
                 raise ValueError(f"stream state has {key}={state[key]} but this stream has {key}={mine[key]}")
         self.position = int(state["position"])

@@ -107,7 +107,10 @@ class TrainingRun:
             scorer=getattr(self.engine, "scorer", None),  # an engine that plays as tensors scores its turns too
         )
         self.pinned = load_pinned(cfg.env.pinned_set)[: cfg.eval.num_mazes]
-        self.stream = TrainingMazeStream(cfg.env.size, stream_limit(cfg), cfg.seed, pinned_layout_hashes(cfg.env.pinned_set))
+        self.stream = TrainingMazeStream(
+            cfg.env.size, stream_limit(cfg), cfg.seed, pinned_layout_hashes(cfg.env.pinned_set),
+            min_expert_length=cfg.env.train_min_expert_length or 0,
+        )
         self.step = 0
         #: the eval of ``step`` is still to run (at a fresh start; in a checkpoint written while it was due).
         self.eval_due = True

@@ -109,6 +109,27 @@ def test_training_stream_is_deterministic_and_resumable():
         TrainingMazeStream(11, 30, seed=2).load_state_dict(state)
 
 
+def test_training_stream_min_expert_length_keeps_the_long_mazes_in_stream_order():
+    every = TrainingMazeStream(9, 20, seed=4).next_batch(60)
+    expected = [m for m in every if len(expert_actions(m)) >= 17]
+    assert 0 < len(expected) < len(every)  # maze_easy has 13- and 17-step experts: the filter must drop some
+    assert TrainingMazeStream(9, 20, seed=4, min_expert_length=17).next_batch(len(expected)) == expected
+
+
+def test_training_stream_with_no_maze_in_its_length_window_says_so():
+    stream = TrainingMazeStream(9, 20, seed=0, min_expert_length=18)  # 9x9 experts take 13, 17, 21, ... steps
+    with pytest.raises(ValueError, match="18..20 steps"):
+        stream.next_batch(1)
+
+
+def test_training_stream_state_keeps_the_length_window():
+    state = TrainingMazeStream(9, 20, seed=0, min_expert_length=17).state_dict()
+    with pytest.raises(ValueError, match="min_expert_length"):
+        TrainingMazeStream(9, 20, seed=0).load_state_dict(state)
+    before_the_key = {key: value for key, value in TrainingMazeStream(9, 20, seed=0).state_dict().items() if key != "min_expert_length"}
+    TrainingMazeStream(9, 20, seed=0).load_state_dict(before_the_key)  # a checkpoint from before the option resumes
+
+
 def test_cli_check_passes(capsys):
     assert pinned.main(["--check"]) == 0
     assert capsys.readouterr().out.count("matches rule True, matches PINNED_SHA256 True") == 2

@@ -122,3 +122,15 @@ def test_sft_trains_on_expert_replies(tmp_path):
     for _ in range(3):
         last = trainer.train_step()["train/loss"]
     assert first > 0 and last < first
+
+
+def test_train_min_expert_length_reaches_the_mazes_a_step_plays(tmp_path):
+    from rlexp.envs.maze import expert_actions
+
+    run = TrainingRun(
+        compose_config(*QUICK, "rollout.max_turns=20", "env.train_min_expert_length=17", "algorithm.train_batch_size=8",
+                       "algorithm.policy_mini_batch_size=8"),
+        tmp_path, Trackers([]),
+    )
+    assert sorted({len(expert_actions(maze)) for maze in run.mazes()}) == [17]
+    assert run.stream.state_dict()["min_expert_length"] == 17  # saved with each checkpoint, checked on resume
