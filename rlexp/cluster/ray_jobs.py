@@ -57,6 +57,14 @@ ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
 SUBMITTED: list[tuple[str, str, str]] = []
 
 
+def upload_excludes(working_dir: Path) -> list[str]:
+    """``EXCLUDES`` plus the patterns of the checkout's ``.git/info/exclude``: Ray's upload skips what
+    .gitignore files list but not that file, where local stores of wheels or weights usually go."""
+    local = working_dir / ".git" / "info" / "exclude"
+    patterns = local.read_text().splitlines() if local.is_file() else []
+    return EXCLUDES + [p.strip() for p in patterns if p.strip() and not p.lstrip().startswith("#")]
+
+
 def submit(cfg: DictConfig) -> float | None:
     """Submit this run to the Ray cluster. A single run with ``cluster.ray.follow`` streams the job's logs
     until it ends and returns its final eval success (exits with one line if the job failed or was
@@ -90,7 +98,7 @@ def submit(cfg: DictConfig) -> float | None:
     job_id = client.submit_job(
         entrypoint=ENTRYPOINT,
         submission_id=f"rlexp-{_slug(cfg.name)}-{_slug(Path(run_dir).name)}-{uuid.uuid4().hex[:6]}",
-        runtime_env={"working_dir": os.getcwd(), "excludes": EXCLUDES, "env_vars": {**named_env_vars(cfg), **job_env_vars(cfg, payload)}},
+        runtime_env={"working_dir": os.getcwd(), "excludes": upload_excludes(Path.cwd()), "env_vars": {**named_env_vars(cfg), **job_env_vars(cfg, payload)}},
         metadata={"rlexp_run_dir": str(run_dir), "rlexp_config": digest, "rlexp_sweep": sweep, "rlexp_run_name": cfg.run_name},
     )
     print(
