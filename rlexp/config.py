@@ -132,7 +132,7 @@ class EnvConfig:
     action_format: ActionFormat = ActionFormat.visgym_tuple
     prompt: PromptStyle = PromptStyle.visgym
     terminate_on_goal: bool = False
-    #: GRPO's training mazes only: draw those whose expert takes at least this many steps (stop included),
+    #: training mazes (GRPO and SFT) are only those whose expert takes at least this many steps (stop included),
     #: e.g. 17 = only the 16-move mazes of maze_easy; null = every maze solvable within the turn limit.
     #: Evaluation always plays the pinned set.
     train_min_expert_length: Optional[int] = ranged(None, "[1, 1000]")
