@@ -651,10 +651,10 @@ def _check_algorithm(cfg: Any) -> None:
             "an episode cannot take more turns than the env allows"
         )
     shortest_allowed = cfg.env.train_min_expert_length
-    if shortest_allowed is not None and shortest_allowed > min(cfg.env.max_steps, rollout.max_turns):
+    if shortest_allowed is not None and shortest_allowed > rollout.max_turns:  # the turn limit, checked ≤ env.max_steps above
         raise ConfigError(
-            f"env.train_min_expert_length={shortest_allowed} exceeds the turn limit "
-            f"min(env.max_steps={cfg.env.max_steps}, rollout.max_turns={rollout.max_turns}); no training maze would fit"
+            f"env.train_min_expert_length={shortest_allowed} exceeds the turn limit, rollout.max_turns={rollout.max_turns}; "
+            "no training maze would fit"
         )
     if algo.name == AlgorithmName.sft:
         for key, needed in GRPO_ONLY.items():

@@ -62,7 +62,7 @@ def upload_excludes(working_dir: Path) -> list[str]:
     .gitignore files list but not that file, where local stores of wheels or weights usually go."""
     local = working_dir / ".git" / "info" / "exclude"
     patterns = local.read_text().splitlines() if local.is_file() else []
-    return EXCLUDES + [p.strip() for p in patterns if p.strip() and not p.lstrip().startswith("#")]
+    return EXCLUDES + [line for line in map(str.strip, patterns) if line and not line.startswith("#")]
 
 
 def submit(cfg: DictConfig) -> float | None:

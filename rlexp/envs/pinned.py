@@ -150,7 +150,8 @@ class TrainingMazeStream:
         while len(batch) < n:
             maze = generate_maze(self.size, self.maze_seed(self.position))
             self.position += 1
-            if self.min_expert_length <= len(expert_actions(maze)) <= self.max_steps and maze.layout_hash() not in self.exclude_hashes:
+            fits = self.min_expert_length <= len(expert_actions(maze)) <= self.max_steps
+            if fits and maze.layout_hash() not in self.exclude_hashes:
                 batch.append(maze)
                 misses = 0
             elif (misses := misses + 1) >= self.MAX_MISSES:
